@@ -1,0 +1,82 @@
+"""Box format conversions and the mapping of boxes from letterboxed to original pixels."""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchvision.ops import box_iou
+
+from yolo.letterbox import LetterboxInfo
+
+__all__ = ["box_iou", "clip_boxes", "scale_boxes", "xywh_to_xyxy", "xyxy_to_xywh"]
+
+
+def _check_boxes(boxes: Tensor) -> None:
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise ValueError(f"expected boxes of shape (N, 4), got {tuple(boxes.shape)}")
+
+
+def xywh_to_xyxy(boxes: Tensor) -> Tensor:
+    """Convert boxes from ``(cx, cy, w, h)`` to ``(x1, y1, x2, y2)``.
+
+    Args:
+        boxes (Tensor[N, 4]): boxes in ``(cx, cy, w, h)`` format, ``(cx, cy)`` the centre.
+
+    Returns:
+        Tensor[N, 4]: new tensor of boxes in ``(x1, y1, x2, y2)`` format.
+    """
+    _check_boxes(boxes)
+    cx, cy, w, h = boxes.unbind(-1)
+    half_w, half_h = w / 2, h / 2
+    return torch.stack((cx - half_w, cy - half_h, cx + half_w, cy + half_h), dim=-1)
+
+
+def xyxy_to_xywh(boxes: Tensor) -> Tensor:
+    """Convert boxes from ``(x1, y1, x2, y2)`` to ``(cx, cy, w, h)``.
+
+    Args:
+        boxes (Tensor[N, 4]): boxes in ``(x1, y1, x2, y2)`` format, ``0 <= x1 <= x2``,
+            ``0 <= y1 <= y2``.
+
+    Returns:
+        Tensor[N, 4]: new tensor of boxes in ``(cx, cy, w, h)`` format.
+    """
+    _check_boxes(boxes)
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    return torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), dim=-1)
+
+
+def clip_boxes(boxes: Tensor, shape_hw: Sequence[int]) -> Tensor:
+    """Clip boxes to an image: x into ``[0, w]`` and y into ``[0, h]``.
+
+    Args:
+        boxes (Tensor[N, 4]): boxes in ``(x1, y1, x2, y2)`` format.
+        shape_hw (Sequence[int]): ``(h, w)`` of the image.
+
+    Returns:
+        Tensor[N, 4]: new tensor of clipped boxes.
+    """
+    _check_boxes(boxes)
+    h, w = shape_hw[0], shape_hw[1]
+    clipped = boxes.clone()
+    clipped[:, 0::2] = clipped[:, 0::2].clamp(0, w)
+    clipped[:, 1::2] = clipped[:, 1::2].clamp(0, h)
+    return clipped
+
+
+def scale_boxes(boxes: Tensor, info: LetterboxInfo) -> Tensor:
+    """Map boxes from letterboxed-image pixels back to original-image pixels.
+
+    Subtracts the padding, divides by the ratio, then clips to the original image.
+
+    Args:
+        boxes (Tensor[N, 4]): boxes in ``(x1, y1, x2, y2)`` format, letterboxed pixels.
+        info (LetterboxInfo): the geometry returned by :func:`yolo.letterbox.letterbox`.
+
+    Returns:
+        Tensor[N, 4]: new tensor of ``(x1, y1, x2, y2)`` boxes in original pixels.
+    """
+    _check_boxes(boxes)
+    pad_x, pad_y = info.pad
+    offset = boxes.new_tensor((pad_x, pad_y, pad_x, pad_y))
+    return clip_boxes((boxes - offset) / info.ratio, info.original_shape)

@@ -1,0 +1,219 @@
+"""Letterbox resizing: scale an image to fit a network input and pad the rest.
+
+The geometry matches YOLOv5's ``letterbox`` exactly (ratio, rounding of the resized size,
+the split of the padding between the two sides), so detections mapped back through
+:class:`LetterboxInfo` agree with those of the reference implementation.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class LetterboxInfo:
+    """How an image was letterboxed, enough to map boxes back to it.
+
+    Attributes:
+        ratio (float): scale factor applied to both sides of the original image.
+        pad (tuple[float, float]): ``(pad_x, pad_y)``, half the total horizontal and vertical
+            padding (``dw / 2``, ``dh / 2``); the left/top border is ``round(pad - 0.1)``.
+        original_shape (tuple[int, int]): ``(h, w)`` of the image before letterboxing.
+        shape (tuple[int, int]): ``(h, w)`` of the letterboxed image.
+    """
+
+    ratio: float
+    pad: tuple[float, float]
+    original_shape: tuple[int, int]
+    shape: tuple[int, int]
+
+
+def to_bgr(image: np.ndarray) -> np.ndarray:
+    """Convert a grayscale, BGR or BGRA ``uint8`` image to 3-channel BGR.
+
+    Args:
+        image (np.ndarray[H, W] | np.ndarray[H, W, C]): ``uint8`` image with C in {1, 3, 4};
+            3 channels are taken as BGR and 4 as BGRA.
+
+    Returns:
+        np.ndarray[H, W, 3]: ``uint8`` BGR image; the input itself when it is already BGR.
+
+    Raises:
+        ValueError: for another dtype, number of dimensions or channels, or an empty image.
+    """
+    if not isinstance(image, np.ndarray):
+        raise ValueError(f"expected a numpy array, got {type(image).__name__}")
+    if image.dtype != np.uint8:
+        raise ValueError(f"expected a uint8 image, got dtype {image.dtype}")
+    if image.ndim not in (2, 3):
+        raise ValueError(f"expected an image of shape (H, W) or (H, W, C), got {image.shape}")
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise ValueError(f"expected a non-empty image, got shape {image.shape}")
+    channels = 1 if image.ndim == 2 else image.shape[2]
+    if channels == 3:
+        return image
+    if channels == 1:
+        return cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_GRAY2BGR)
+    if channels == 4:
+        return cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_BGRA2BGR)
+    raise ValueError(f"expected 1, 3 or 4 channels, got {channels} (shape {image.shape})")
+
+
+def _check_sizes(imgsz: int, stride: int) -> None:
+    if stride <= 0:
+        raise ValueError(f"expected a positive stride, got {stride}")
+    if imgsz <= 0 or imgsz % stride != 0:
+        raise ValueError(f"expected imgsz to be a positive multiple of stride {stride}, got {imgsz}")
+
+
+def _check_shape(original_shape: Sequence[int]) -> tuple[int, int]:
+    if len(original_shape) < 2 or original_shape[0] <= 0 or original_shape[1] <= 0:
+        raise ValueError(f"expected a positive (h, w) shape, got {tuple(original_shape)}")
+    return int(original_shape[0]), int(original_shape[1])
+
+
+def _geometry(
+    original_shape: Sequence[int], imgsz: int, stride: int, rect: bool, scaleup: bool
+) -> tuple[float, tuple[int, int], tuple[float, float]]:
+    """Return ``(ratio, (new_h, new_w), (dw, dh))`` with dw, dh already halved."""
+    _check_sizes(imgsz, stride)
+    h, w = _check_shape(original_shape)
+    ratio = min(imgsz / h, imgsz / w)
+    if not scaleup:
+        ratio = min(ratio, 1.0)
+    new_w = max(int(round(w * ratio)), 1)
+    new_h = max(int(round(h * ratio)), 1)
+    dw, dh = imgsz - new_w, imgsz - new_h
+    if rect:
+        dw, dh = dw % stride, dh % stride
+    return ratio, (new_h, new_w), (dw / 2, dh / 2)
+
+
+def _borders(half_pad: float) -> tuple[int, int]:
+    return int(round(half_pad - 0.1)), int(round(half_pad + 0.1))
+
+
+def letterbox_shape(
+    original_shape: Sequence[int],
+    imgsz: int,
+    stride: int = 32,
+    rect: bool = False,
+    scaleup: bool = True,
+) -> tuple[int, int]:
+    """Return the ``(h, w)`` that :func:`letterbox` produces for an image of this shape.
+
+    Args:
+        original_shape (Sequence[int]): ``(h, w)`` or ``(h, w, c)`` of the input image.
+        imgsz (int): target size of the longer side, a positive multiple of ``stride``.
+        stride (int): the output sides are multiples of it in ``rect`` mode.
+        rect (bool): pad only up to the next multiple of ``stride`` instead of to a square.
+        scaleup (bool): allow enlarging images smaller than ``imgsz``.
+
+    Returns:
+        tuple[int, int]: ``(h, w)`` of the letterboxed image.
+    """
+    _, (new_h, new_w), (dw, dh) = _geometry(original_shape, imgsz, stride, rect, scaleup)
+    return new_h + sum(_borders(dh)), new_w + sum(_borders(dw))
+
+
+def letterbox(
+    image: np.ndarray,
+    imgsz: int = 640,
+    stride: int = 32,
+    rect: bool = False,
+    scaleup: bool = True,
+    pad_value: int = 114,
+) -> tuple[np.ndarray, LetterboxInfo]:
+    """Resize an image keeping its aspect ratio, then pad it with a constant colour.
+
+    The ratio is ``min(imgsz / h, imgsz / w)`` (capped at 1 when ``scaleup`` is false). In fixed
+    mode the output is ``imgsz x imgsz``; in ``rect`` mode each side is padded only to the next
+    multiple of ``stride``.
+
+    Args:
+        image (np.ndarray[H, W] | np.ndarray[H, W, C]): ``uint8`` gray, BGR or BGRA image.
+        imgsz (int): target size, a positive multiple of ``stride``.
+        stride (int): network stride.
+        rect (bool): minimal padding instead of a square output.
+        scaleup (bool): allow enlarging images smaller than ``imgsz``.
+        pad_value (int): grey level of the padding.
+
+    Returns:
+        tuple[np.ndarray[H', W', 3], LetterboxInfo]: the contiguous ``uint8`` BGR letterboxed
+        image and the geometry needed to map boxes back (see :func:`yolo.boxes.scale_boxes`).
+    """
+    bgr = to_bgr(image)
+    original_shape = (bgr.shape[0], bgr.shape[1])
+    ratio, (new_h, new_w), (dw, dh) = _geometry(original_shape, imgsz, stride, rect, scaleup)
+    if (new_h, new_w) != original_shape:
+        bgr = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    top, bottom = _borders(dh)
+    left, right = _borders(dw)
+    out = cv2.copyMakeBorder(
+        bgr, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(pad_value, pad_value, pad_value)
+    )
+    out = np.ascontiguousarray(out)
+    info = LetterboxInfo(
+        ratio=ratio, pad=(dw, dh), original_shape=original_shape, shape=(out.shape[0], out.shape[1])
+    )
+    return out, info
+
+
+def _check_bgr(image: np.ndarray) -> None:
+    if image.dtype != np.uint8 or image.ndim < 3 or image.shape[-1] != 3:
+        raise ValueError(
+            f"expected uint8 BGR image(s) of shape (..., H, W, 3), got {image.dtype} {image.shape}"
+        )
+
+
+def bgr_to_rgb_chw(image: np.ndarray) -> np.ndarray:
+    """Reorder a BGR ``HWC`` image to RGB ``CHW``, keeping ``uint8``.
+
+    Args:
+        image (np.ndarray[H, W, 3]): ``uint8`` BGR image.
+
+    Returns:
+        np.ndarray[3, H, W]: contiguous ``uint8`` RGB image.
+    """
+    if image.ndim != 3:
+        raise ValueError(f"expected an image of shape (H, W, 3), got {image.shape}")
+    _check_bgr(image)
+    return np.ascontiguousarray(image[:, :, ::-1].transpose(2, 0, 1))
+
+
+def to_tensor(
+    images: np.ndarray | Sequence[np.ndarray],
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Turn BGR ``uint8`` images into a normalised RGB network input batch.
+
+    The channel flip and ``HWC -> CHW`` permute happen on the ``uint8`` tensor, which is copied
+    to ``device`` before the conversion to ``dtype`` and the division by 255.
+
+    Args:
+        images (np.ndarray[H, W, 3] | np.ndarray[N, H, W, 3] | Sequence[np.ndarray[H, W, 3]]):
+            ``uint8`` BGR image, batch, or list of same-shape images.
+        device (torch.device | str): where the result lives.
+        dtype (torch.dtype): floating dtype of the result.
+
+    Returns:
+        Tensor[N, 3, H, W]: contiguous RGB values in ``[0, 1]``.
+    """
+    if isinstance(images, np.ndarray):
+        batch = images[None] if images.ndim == 3 else images
+    else:
+        if len(images) == 0:
+            raise ValueError("expected at least one image, got an empty sequence")
+        shapes = {image.shape for image in images}
+        if len(shapes) != 1:
+            raise ValueError(f"expected images of one shape, got shapes {sorted(shapes)}")
+        batch = np.stack(images)
+    if batch.ndim != 4:
+        raise ValueError(f"expected images of shape (H, W, 3) or (N, H, W, 3), got {batch.shape}")
+    _check_bgr(batch)
+    chw = torch.from_numpy(np.ascontiguousarray(batch)).flip(-1).permute(0, 3, 1, 2).contiguous()
+    return chw.to(device, non_blocking=True).to(dtype).div_(255)
