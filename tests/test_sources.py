@@ -4,7 +4,7 @@ import cv2
 import numpy as np
 import pytest
 
-from workers.source import (
+from yolo.sources import (
     SYNTHETIC_SHAPES,
     FramePlan,
     FrameReader,
