@@ -1,0 +1,178 @@
+"""The run configuration: ``config.toml`` defaults, overridden by command-line flags, checked
+once here so every stage can trust it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+# TOML section -> the RunConfig fields it may hold.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("weights", "preset", "fuse", "inplace", "half"),
+    "detect": ("imgsz", "rect", "conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms"),
+    "source": ("source", "frames", "warmup", "synthetic_count"),
+    "pipeline": ("device", "workers", "pre_workers", "infer_workers", "post_workers", "infer_threads",
+                 "batch_size", "max_wait_ms", "prefetch", "module_timing", "timing_mode",
+                 "trace_module_forwards"),
+    "output": ("results", "save_images", "log_level", "progress"),
+    "transport": ("transport", "tcp_host", "tcp_base_port"),
+}
+MODULE_TIMING = ("none", "layers", "blocks", "leaves")
+TIMING_MODES = ("auto", "cpu", "cuda-sync", "cuda-events")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A bad configuration key or value; the message names it."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    weights: str = ""
+    preset: str = "yolov5n"
+    fuse: bool = True
+    inplace: bool = True
+    half: bool = False
+    imgsz: int = 640
+    rect: bool = True
+    conf_thres: float = 0.25
+    iou_thres: float = 0.45
+    max_det: int = 1000
+    classes: tuple[int, ...] = ()
+    agnostic_nms: bool = False
+    source: str = "synthetic"
+    frames: int = 0  # 0: one pass over the source
+    warmup: int = 0
+    synthetic_count: int = 64
+    device: str = "cpu"  # cpu, cuda, cuda:N, or a comma-separated list of them
+    workers: int = 0  # 0: one per CPU core
+    pre_workers: int = 0  # 0: --workers
+    infer_workers: int = 0  # 0: one per GPU; on CPU one per core
+    post_workers: int = 0  # 0: --workers
+    infer_threads: int = 0  # 0: 1 on CPU (measured best here), 1 per process on CUDA
+    batch_size: int = 1
+    max_wait_ms: float = 5.0
+    prefetch: int = 2  # batches of credit each consumer grants upstream
+    module_timing: str = "layers"
+    timing_mode: str = "auto"
+    trace_module_forwards: int = 20
+    results: str = "results"
+    save_images: str = "all"  # all | none | N (every N-th frame)
+    log_level: str = "info"
+    progress: bool = True
+    transport: str = "ipc"  # ipc | tcp
+    tcp_host: str = "127.0.0.1"
+    tcp_base_port: int = 5550
+    devices: tuple[str, ...] = field(default=(), compare=False)  # resolved from device
+
+    def __post_init__(self) -> None:
+        _check(self.imgsz > 0 and self.imgsz % 32 == 0, "imgsz", "a positive multiple of 32", self.imgsz)
+        for name in ("conf_thres", "iou_thres"):
+            value = getattr(self, name)
+            _check(0.0 <= value <= 1.0, name, "a value in [0, 1]", value)
+        _check(self.max_det > 0, "max_det", "> 0", self.max_det)
+        _check(all(isinstance(c, int) and c >= 0 for c in self.classes), "classes", "class ids >= 0",
+               list(self.classes))
+        _check(self.frames >= 0, "frames", ">= 0 (0 = one pass)", self.frames)
+        _check(self.warmup >= 0, "warmup", ">= 0", self.warmup)
+        _check(self.synthetic_count > 0, "synthetic_count", "> 0", self.synthetic_count)
+        for name in ("workers", "pre_workers", "infer_workers", "post_workers", "infer_threads"):
+            _check(getattr(self, name) >= 0, name, ">= 0 (0 = automatic)", getattr(self, name))
+        _check(self.batch_size >= 1, "batch_size", ">= 1", self.batch_size)
+        _check(self.max_wait_ms >= 0, "max_wait_ms", ">= 0", self.max_wait_ms)
+        _check(self.prefetch >= 1, "prefetch", ">= 1", self.prefetch)
+        _check(self.module_timing in MODULE_TIMING, "module_timing", f"one of {MODULE_TIMING}", self.module_timing)
+        _check(self.timing_mode in TIMING_MODES, "timing_mode", f"one of {TIMING_MODES}", self.timing_mode)
+        _check(self.trace_module_forwards >= 0, "trace_module_forwards", ">= 0", self.trace_module_forwards)
+        _check(self.log_level in LOG_LEVELS, "log_level", f"one of {LOG_LEVELS}", self.log_level)
+        _check(self.transport in ("ipc", "tcp"), "transport", "'ipc' or 'tcp'", self.transport)
+        _check(1024 <= self.tcp_base_port <= 65000, "tcp_base_port", "a port in [1024, 65000]", self.tcp_base_port)
+        save = self.save_images
+        _check(save in ("all", "none") or (save.isdigit() and int(save) > 0), "save_images",
+               "'all', 'none' or a positive integer N (every N-th frame)", save)
+        _check(bool(self.preset), "preset", "a model preset name", self.preset)
+
+    @property
+    def save_every(self) -> int:
+        """Save every N-th frame; 0 means none."""
+        return {"all": 1, "none": 0}.get(self.save_images) or int(self.save_images)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["classes"] = list(self.classes)
+        d["devices"] = list(self.devices)
+        return d
+
+
+def _check(ok: bool, name: str, expected: str, got: Any) -> None:
+    if not ok:
+        raise ConfigError(f"config {name}: expected {expected}, got {got!r}")
+
+
+FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Check a TOML or flag value against the field's type; TOML gives real types already."""
+    kind = FIELD_TYPES[name]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"config {name}: expected true or false, got {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config {name}: expected an integer, got {value!r}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config {name}: expected a number, got {value!r}")
+        return float(value)
+    if kind == "str":
+        if isinstance(value, int) and not isinstance(value, bool) and name == "save_images":
+            return str(value)
+        if not isinstance(value, str):
+            raise ConfigError(f"config {name}: expected a string, got {value!r}")
+        return value
+    if name == "classes":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config classes: expected a list of class ids, got {value!r}")
+        return tuple(value)
+    raise ConfigError(f"config {name}: cannot be set")
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """Flatten a config file's sections into RunConfig field values, refusing unknown keys."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML ({exc})") from None
+    values: dict[str, Any] = {}
+    for section, table in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"config file {path}: unknown section [{section}], expected one of {list(SECTIONS)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {path}: expected [{section}] to be a table, got {table!r}")
+        for key, value in table.items():
+            if key not in SECTIONS[section]:
+                raise ConfigError(f"config file {path}: unknown key {key!r} in [{section}], "
+                                  f"expected one of {list(SECTIONS[section])}")
+            values[key] = _coerce(key, value)
+    return values
+
+
+def build_config(toml_values: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+    """Defaults < config file < flags; then the one validation."""
+    values = dict(toml_values)
+    for key, value in overrides.items():
+        if value is not None:
+            values[key] = _coerce(key, value)
+    try:
+        return RunConfig(**values)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
