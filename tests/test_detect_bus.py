@@ -1,0 +1,127 @@
+"""End to end on bus.jpg with the official yolov5n.pt: letterbox -> model -> candidates -> NMS
+must reproduce Ultralytics' detections (expected_bus.json), in fixed and rect mode, through the
+library functions and through ``python -m yolo``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import cv2
+import pytest
+import torch
+
+from tests.conftest import fixture_path
+from yolo.detect import DetectOptions, candidates_for_batch, final_detections
+from yolo.letterbox import letterbox, to_tensor
+
+MIN_IOU = 0.99
+MAX_SCORE_DIFF = 0.005
+CLI_TIMEOUT_S = 120
+VARIANTS = {"@640": False, "@640-rect": True}
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict:
+    return json.loads(fixture_path("expected_bus.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def bus_path():
+    return fixture_path("bus.jpg")
+
+
+def _iou(a, b) -> float:
+    """IoU of two x1y1x2y2 boxes, plain Python."""
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = w * h
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _assert_matches(got: list[tuple[list[float], float, str]], want: list[list]) -> None:
+    """Greedy one-to-one matching, same class, best IoU first."""
+    got_classes = sorted(c for _, _, c in got)
+    want_classes = sorted(row[5] for row in want)
+    assert got_classes == want_classes, f"classes: expected {want_classes}, got {got_classes}"
+    pairs = sorted(((_iou(g[0], w[:4]), gi, wi) for gi, g in enumerate(got) for wi, w in enumerate(want)
+                    if g[2] == w[5]), reverse=True)
+    used_got, used_want, matched = set(), set(), []
+    for iou, gi, wi in pairs:
+        if gi not in used_got and wi not in used_want:
+            used_got.add(gi)
+            used_want.add(wi)
+            matched.append((iou, got[gi], want[wi]))
+    assert len(matched) == len(want)
+    for iou, (box, score, cls), row in matched:
+        assert iou >= MIN_IOU, f"{cls} {row[:4]}: best box {box} has IoU {iou:.4f} < {MIN_IOU}"
+        assert abs(score - row[4]) <= MAX_SCORE_DIFF, f"{cls} {row[:4]}: score {score:.4f}, expected {row[4]}"
+
+
+def _detect(model, image, rect: bool):
+    opts = DetectOptions(imgsz=640, rect=rect)
+    boxed, info = letterbox(image, opts.imgsz, model.max_stride, rect=opts.rect)
+    x = to_tensor(boxed, "cpu")
+    with torch.inference_mode():
+        prediction = model(x)
+    candidates = candidates_for_batch(prediction, opts)[0]
+    dets = final_detections(candidates, info, opts)
+    return x, dets
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_bus_matches_ultralytics(yolov5n, bus_path, expected, variant):
+    image = cv2.imread(str(bus_path))
+    assert image is not None, f"cannot decode {bus_path}"
+    want = expected[f"bus.jpg{variant}"]
+    x, dets = _detect(yolov5n, image, VARIANTS[variant])
+    assert list(x.shape) == want["input_shape"]
+    assert dets.shape[1] == 6
+    assert bool((dets[:-1, 4] >= dets[1:, 4]).all()), "expected detections best score first"
+    got = [(row[:4], row[4], yolov5n.names[int(row[5])]) for row in dets.tolist()]
+    _assert_matches(got, want["detections"])
+
+
+def _run_cli(repo_root, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yolo", *args], cwd=repo_root, capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_S)
+
+
+def test_cli_rect_json_and_annotated_image(repo_root, yolov5n_path, bus_path, expected, tmp_path):
+    out_json, save_dir = tmp_path / "out.json", tmp_path / "annotated"
+    done = _run_cli(repo_root, "--weights", str(yolov5n_path), "--source", str(bus_path), "--rect",
+                    "--save-json", str(out_json), "--save-dir", str(save_dir), "--quiet")
+    assert done.returncode == 0, done.stderr
+    records = json.loads(out_json.read_text())
+    assert records, "expected detections in the JSON"
+    for r in records:
+        assert set(r) == {"image", "frame", "class_id", "class", "score", "box"}
+        assert r["image"] == "bus.jpg" and r["frame"] == 0
+        assert isinstance(r["class_id"], int) and isinstance(r["class"], str)
+        assert 0.0 <= r["score"] <= 1.0 and len(r["box"]) == 4
+    assert {r["class"] for r in records if r["class_id"] == 0} == {"person"}
+    got = [(r["box"], r["score"], r["class"]) for r in records]
+    _assert_matches(got, expected["bus.jpg@640-rect"]["detections"])
+
+    annotated = save_dir / "bus.jpg"
+    assert annotated.is_file(), f"no annotated image in {sorted(p.name for p in save_dir.iterdir())}"
+    drawn, original = cv2.imread(str(annotated)), cv2.imread(str(bus_path))
+    assert drawn is not None and drawn.shape == original.shape
+    assert cv2.absdiff(drawn, original).max() > 0, "expected boxes drawn on the saved image"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here: --device cuda is valid")
+def test_cli_cuda_without_cuda_exits_2(repo_root):
+    done = _run_cli(repo_root, "--device", "cuda")
+    assert done.returncode == 2
+    message = done.stdout + done.stderr
+    assert "CUDA is not available" in message
+    assert "available devices: cpu" in message
+
+
+def test_cli_bad_weights_exits_2(repo_root, tmp_path):
+    done = _run_cli(repo_root, "--weights", str(tmp_path / "missing.pt"))
+    assert done.returncode == 2
+    assert "weights file not found" in done.stdout + done.stderr
