@@ -20,7 +20,6 @@ import time
 
 import zmq
 
-from workers import collector, inference, postprocess, preprocess
 from workers.config import ConfigError, RunConfig, build_config, read_toml
 from workers.lifecycle import LOG_FORMAT, STOP, StageArgs, make_endpoints
 from workers.transport import make_socket, recv_message, send_message
@@ -134,6 +133,9 @@ def make_run_dir(results: str) -> str:
 
 
 def start_processes(cfg: RunConfig, plan, endpoints, run_dir: str, log_path: str, started_s: float) -> dict:
+    # Imported here, not at the top: spawn re-imports this module in every child, and each
+    # child should import only its own stage's libraries.
+    from workers import collector, inference, postprocess, preprocess
     spawn = mp.get_context("spawn")
     processes = {}
 

@@ -14,7 +14,8 @@ import torch
 
 from tests.conftest import fixture_path
 from yolo.detect import DetectOptions, candidates_for_batch, final_detections
-from yolo.letterbox import letterbox, to_tensor
+from yolo.letterbox import letterbox
+from yolo.tensors import to_tensor
 
 MIN_IOU = 0.99
 MAX_SCORE_DIFF = 0.005

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from yolo.letterbox import LetterboxInfo, bgr_to_rgb_chw, letterbox, letterbox_shape, to_bgr, to_tensor
+from yolo.letterbox import LetterboxInfo, bgr_to_rgb_chw, letterbox, letterbox_shape, to_bgr
+from yolo.tensors import to_tensor
 
 
 def _reference_geometry(h, w, imgsz, stride, rect, scaleup):

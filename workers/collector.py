@@ -3,6 +3,7 @@ ids (frames in = processed + failed is checked, not assumed), and writes the run
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import time
@@ -55,23 +56,27 @@ class Ledger:
         return len(missing)
 
 
-def environment(cfg, workers: list[dict]) -> dict:
-    import cv2
-    import msgpack
-    import numpy
+def environment(cfg, workers: list[dict], startup_s: float) -> dict:
     import torch
-    import torchvision
+    versions = {name: _version(name) for name in
+                ("torch", "torchvision", "opencv-python-headless", "numpy", "pyzmq", "msgpack")}
     env = {"python": platform.python_version(), "platform": platform.platform(), "cpu_cores": os.cpu_count(),
-           "torch": torch.__version__, "torchvision": torchvision.__version__, "opencv": cv2.__version__,
-           "numpy": numpy.__version__, "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
-           "msgpack": ".".join(map(str, msgpack.version)), "cuda_available": torch.cuda.is_available(),
-           "devices": {}, "threads_per_process": {w["name"]: w.get("threads") for w in workers}}
+           **versions, "libzmq": zmq.zmq_version(), "cuda_available": torch.cuda.is_available(),
+           "startup_s": startup_s, "devices": {},
+           "threads_per_process": {w["name"]: w.get("threads") for w in workers}}
     for device in cfg.devices:
         if device.startswith("cuda") and torch.cuda.is_available():
             env["devices"][device] = torch.cuda.get_device_name(torch.device(device))
         else:
             env["devices"][device] = platform.processor() or platform.machine()
     return env
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def run(args: StageArgs, expected_workers: list[str], started_s: float) -> None:
@@ -159,6 +164,8 @@ def _run_data(args: StageArgs, ledger: Ledger, stats: dict, collector_stats: dic
               finished_s: float, stop_reason: str | None) -> RunData:
     cfg = args.config
     frames, detections = [], []
+    # Throughput counts from the first frame read, not from process start-up (imports, model load).
+    first_read = min((r["t"]["read_start"] for r in ledger.processed.values()), default=started_s)
     for frame_id in sorted(ledger.processed):
         r = ledger.processed[frame_id]
         frames.append({"id": frame_id, "name": r["name"], "workers": r.get("workers", {}), "t": r["t"],
@@ -181,8 +188,8 @@ def _run_data(args: StageArgs, ledger: Ledger, stats: dict, collector_stats: dic
         w.setdefault("batches", 0)
     config = cfg.as_dict()
     config["stopped"] = stop_reason
-    return RunData(run_id=os.path.basename(args.run_dir), config=config, environment=environment(cfg, workers),
-                   frames_in=ledger.total, warmup=cfg.warmup, started_s=started_s, finished_s=finished_s,
+    return RunData(run_id=os.path.basename(args.run_dir), config=config, environment=environment(cfg, workers, first_read - started_s),
+                   frames_in=ledger.total, warmup=cfg.warmup, started_s=first_read, finished_s=finished_s,
                    frames=frames, failed=[ledger.failed[i] for i in sorted(ledger.failed)],
                    detections=detections, workers=workers, links=links,
                    module_rows=[r.as_dict() for r in aggregate(exports)] if exports else [],

@@ -20,6 +20,7 @@ from workers.transport import make_socket, send_message
 from yolo.checkpoint import load_model
 from yolo.detect import DetectOptions, candidates_for_batch
 from yolo.model import C3, SPPF, Bottleneck, Conv, Detect
+from yolo.tensors import chw_batch_to_input
 from yolo.timing import default_timing_mode, instrument
 
 POLL_TIMEOUT_MS = 100
@@ -42,7 +43,7 @@ def instrument_model(model: nn.Module, cfg, device: torch.device):
 
 
 class BatchInput:
-    """Turns received uint8 HxWx3 BGR frames into the model's float RGB batch on the device,
+    """Turns received uint8 3xHxW RGB frames into the model's float batch on the device,
     through a reused pinned buffer and a non-blocking copy on CUDA."""
 
     def __init__(self, device: torch.device, half: bool):
@@ -59,11 +60,9 @@ class BatchInput:
                 self.pinned[shape] = torch.empty(shape, dtype=torch.uint8).pin_memory()
             host = self.pinned[shape]  # safe to refill: the last batch's copy finished at its sync
             np.stack(images, out=host.numpy())
-            batch = host.to(self.device, non_blocking=True)
         else:
-            batch = torch.from_numpy(np.stack(images))
-        batch = batch.permute(0, 3, 1, 2).flip(1)  # [B, H, W, 3] BGR -> [B, 3, H, W] RGB
-        return batch.to(self.dtype).mul_(1 / 255).contiguous()
+            host = torch.from_numpy(np.stack(images))
+        return chw_batch_to_input(host, self.device, self.dtype)
 
 
 def run(args: StageArgs) -> None:
@@ -96,12 +95,17 @@ def run(args: StageArgs) -> None:
     outbox: collections.deque = collections.deque()  # (header, arrays) ready for the postprocess pool
     substages = {"to_device": [], "forward": [], "select": []}
     batches = frames = 0
-    frames_in.start()
     log.info("model on %s: %d parameters, timing %s, %s", device, model.num_params(), cfg.module_timing,
              timing.recorder.mode if timing else "off")
     try:
         drain_deadline = None
+        started = False
         while not control.should_stop():
+            if not started and frames_out.all_peers_known():
+                # Grant credit upstream only once every postprocess worker is up, so no frame is
+                # read (and timed) before the whole pipeline can carry it.
+                frames_in.start()
+                started = True
             while outbox and frames_out.has_credit():
                 header, arrays = outbox.popleft()
                 frames_out.send(header, arrays)

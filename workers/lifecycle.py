@@ -43,9 +43,10 @@ def make_endpoints(transport: str, ipc_dir: str, tcp_host: str, tcp_base_port: i
 
 
 def set_thread_counts(torch_threads: int, opencv_threads: int) -> dict[str, int]:
-    """First thing in every process, so stages do not oversubscribe the cores."""
-    os.environ["OMP_NUM_THREADS"] = str(torch_threads)
-    os.environ["MKL_NUM_THREADS"] = str(torch_threads)
+    """First thing in every process, so stages do not oversubscribe the cores. The variables
+    are set before torch/OpenCV start their thread pools."""
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[variable] = str(torch_threads)
     import cv2
     import torch
     torch.set_num_threads(torch_threads)

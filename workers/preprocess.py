@@ -11,7 +11,7 @@ import zmq
 from workers.lifecycle import Clock, Control, StageArgs, poll, set_thread_counts, setup_logging, worker_stats
 from workers.links import Downstream
 from workers.transport import make_socket, send_message
-from yolo.letterbox import letterbox
+from yolo.letterbox import bgr_to_rgb_chw, letterbox
 from yolo.sources import FrameReader, FrameReadError
 
 POLL_TIMEOUT_MS = 100
@@ -30,7 +30,9 @@ def prepare(reader: FrameReader, ref, cfg, stride: int, keep_original: bool, wor
               "pad": list(info.pad), "orig_shape": list(info.original_shape), "lb_shape": list(boxed.shape[:2]),
               "keep_image": keep_original, "pre": worker,
               "t": {"read_start": t_read, "read_end": t_decoded, "pre_end": t_done}}
-    return header, [boxed, image] if keep_original else [boxed]
+    chw = bgr_to_rgb_chw(boxed)  # the model's channel order, made here where it is cheapest
+    header["t"]["pre_end"] = time.perf_counter()
+    return header, [chw, image] if keep_original else [chw]
 
 
 def run(args: StageArgs) -> None:
@@ -53,7 +55,7 @@ def run(args: StageArgs) -> None:
         drain_deadline = None
         with FrameReader() as reader:
             while not control.should_stop():
-                if ready is None:
+                if ready is None and frames_out.all_peers_known():
                     frame_id = next(ids, None)
                     if frame_id is not None:
                         ref = plan.ref(frame_id)

@@ -17,7 +17,8 @@ import torch
 
 from yolo.boxes import scale_boxes
 from yolo.draw import draw_detections
-from yolo.letterbox import LetterboxInfo, letterbox, to_tensor
+from yolo.letterbox import LetterboxInfo, letterbox
+from yolo.tensors import to_tensor
 from yolo.nms import nms_candidates, select_candidates
 from yolo.sources import FramePlan, FrameReader, FrameReadError
 from yolo.timing import timed

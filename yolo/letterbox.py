@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
-import torch
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def letterbox(
     return out, info
 
 
-def _check_bgr(image: np.ndarray) -> None:
+def check_bgr(image: np.ndarray) -> None:
     if image.dtype != np.uint8 or image.ndim < 3 or image.shape[-1] != 3:
         raise ValueError(
             f"expected uint8 BGR image(s) of shape (..., H, W, 3), got {image.dtype} {image.shape}"
@@ -180,40 +179,5 @@ def bgr_to_rgb_chw(image: np.ndarray) -> np.ndarray:
     """
     if image.ndim != 3:
         raise ValueError(f"expected an image of shape (H, W, 3), got {image.shape}")
-    _check_bgr(image)
-    return np.ascontiguousarray(image[:, :, ::-1].transpose(2, 0, 1))
-
-
-def to_tensor(
-    images: np.ndarray | Sequence[np.ndarray],
-    device: torch.device | str,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Turn BGR ``uint8`` images into a normalised RGB network input batch.
-
-    The channel flip and ``HWC -> CHW`` permute happen on the ``uint8`` tensor, which is copied
-    to ``device`` before the conversion to ``dtype`` and the division by 255.
-
-    Args:
-        images (np.ndarray[H, W, 3] | np.ndarray[N, H, W, 3] | Sequence[np.ndarray[H, W, 3]]):
-            ``uint8`` BGR image, batch, or list of same-shape images.
-        device (torch.device | str): where the result lives.
-        dtype (torch.dtype): floating dtype of the result.
-
-    Returns:
-        Tensor[N, 3, H, W]: contiguous RGB values in ``[0, 1]``.
-    """
-    if isinstance(images, np.ndarray):
-        batch = images[None] if images.ndim == 3 else images
-    else:
-        if len(images) == 0:
-            raise ValueError("expected at least one image, got an empty sequence")
-        shapes = {image.shape for image in images}
-        if len(shapes) != 1:
-            raise ValueError(f"expected images of one shape, got shapes {sorted(shapes)}")
-        batch = np.stack(images)
-    if batch.ndim != 4:
-        raise ValueError(f"expected images of shape (H, W, 3) or (N, H, W, 3), got {batch.shape}")
-    _check_bgr(batch)
-    chw = torch.from_numpy(np.ascontiguousarray(batch)).flip(-1).permute(0, 3, 1, 2).contiguous()
-    return chw.to(device, non_blocking=True).to(dtype).div_(255)
+    check_bgr(image)
+    return np.stack(cv2.split(image)[::-1])  # planar split: several times faster than a transpose copy
