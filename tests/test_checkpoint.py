@@ -129,9 +129,6 @@ def test_not_a_torch_checkpoint_is_refused(tmp_path, write):
     assert "cannot read" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="yolo/checkpoint.py _explain_refusal keeps only the first line of "
-                   "torch's UnpicklingError, which advises re-running with weights_only=False and drops "
-                   "the actual cause")
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 @pytest.mark.parametrize("write", [_plain_pickle, _random_bytes], ids=["plain-pickle", "random-bytes"])
 def test_not_a_torch_checkpoint_message_gives_the_cause(tmp_path, write):

@@ -172,8 +172,6 @@ def test_instrumenting_twice_raises():
         instrument(model, depth=1)
 
 
-@pytest.mark.xfail(strict=True, reason="yolo/timing.py instrument(names=...) skips the TimedModule check in "
-                   "select_modules, so it wraps TimedModules again and adds a second pair of forward hooks")
 def test_instrumenting_twice_by_names_raises():
     model = _tree()
     instrument(model, leaves=True)

@@ -113,8 +113,9 @@ def _explain_refusal(path: str, exc: Exception) -> str:
         return (f"refusing to load {path}: it asks for the global {match.group(1)!r}, which a YOLOv5 "
                 f"checkpoint does not need (only torch tensors, torch.nn layers and YOLOv5 module "
                 f"names are allowed); the file was not executed")
-    first_line = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return f"cannot read {path} as a torch checkpoint: {first_line}"
+    cause = text.split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
+    detail = cause[0] if cause and "WeightsUnpickler" in text else type(exc).__name__
+    return f"cannot read {path}: not a checkpoint saved with torch.save ({detail}); it was not executed"
 
 
 def _from_project_state(path: str, raw: dict[str, Any]) -> Checkpoint:

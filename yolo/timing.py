@@ -395,6 +395,9 @@ def instrument(model: nn.Module, *, types: Sequence[type] | None = None, depth: 
     recorder = Recorder(mode, warmup_forwards, keep_span_forwards)
     chosen = list(names) if names is not None else select_modules(model, types=types, depth=depth, leaves=leaves)
     modules = dict(model.named_modules())
+    wrapped = next((n for n, m in modules.items() if isinstance(m, TimedModule)), None)
+    if wrapped is not None:
+        raise RuntimeError(f"model is already instrumented (found TimedModule at {wrapped!r}); remove it first")
     missing = [n for n in chosen if n not in modules]
     if missing:
         raise ValueError(f"expected module names of the model, got unknown {missing[0]!r}")
