@@ -102,6 +102,7 @@ class Clock:
     """Splits a worker's wall time into busy, waiting for input and blocked on output."""
 
     started_s: float = field(default_factory=time.perf_counter)
+    started_cpu_s: float = field(default_factory=time.process_time)  # all threads of the process
     busy_s: float = 0.0
     wait_in_s: float = 0.0
     blocked_out_s: float = 0.0
@@ -129,6 +130,7 @@ def worker_stats(name: str, role: str, device: str, threads: dict, clock: Clock,
     return {"type": "stats", "name": name, "role": role, "pid": os.getpid(), "device": device,
             "threads": threads, "frames": frames, "busy_s": clock.busy_s, "wait_in_s": clock.wait_in_s,
             "blocked_out_s": clock.blocked_out_s, "wall_s": clock.wall_s(), "frame_ms": clock.frame_ms,
+            "cpu_s": time.process_time() - clock.started_cpu_s,
             **extra}
 
 
