@@ -103,12 +103,14 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, dict]:
 
 
 def warn_oversubscription(cfg: RunConfig, cores: int, on_cuda: bool) -> None:
-    cpu_threads = cfg.pre_workers + cfg.post_workers + (0 if on_cuda else cfg.infer_workers * cfg.infer_threads)
-    if cpu_threads > cores:
-        log.warning("%d busy threads (%d pre + %d post%s) on %d cores: they time-slice, so each frame waits "
-                    "for a core and per-stage ms rise; more workers than cores only pays when stages block on I/O",
-                    cpu_threads, cfg.pre_workers, cfg.post_workers,
-                    "" if on_cuda else f" + {cfg.infer_workers}x{cfg.infer_threads} inference", cores)
+    counts = {"--pre-workers": cfg.pre_workers, "--post-workers": cfg.post_workers}
+    if not on_cuda:
+        counts["--infer-workers x --infer-threads"] = cfg.infer_workers * cfg.infer_threads
+    for flag, count in counts.items():
+        if count > cores:
+            log.warning("%s = %d on %d cores: the extra processes time-slice the cores, so each frame waits "
+                        "for a core, per-stage ms rise and fps does not; more than the core count only pays "
+                        "when a stage waits on disk or network", flag, count, cores)
 
 
 def make_run_dir(results: str) -> str:

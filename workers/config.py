@@ -98,7 +98,8 @@ class RunConfig:
     @property
     def save_every(self) -> int:
         """Save every N-th frame; 0 means none."""
-        return {"all": 1, "none": 0}.get(self.save_images) or int(self.save_images)
+        return {"all": 1, "none": 0}[self.save_images] if self.save_images in ("all", "none") \
+            else int(self.save_images)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
