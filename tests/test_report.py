@@ -192,6 +192,12 @@ def test_empty_run_still_writes_a_report(tmp_path):
     assert load(tmp_path, "report.json")["latency_ms"]["count"] == 0
 
 
+def test_frame_without_an_unused_timestamp_is_reported():
+    partial = frame(0)
+    del partial["t"]["post_recv"]  # the postprocess workers do not send it
+    assert build_report(make_run(frames=[partial]))["frames"]["processed"] == 1
+
+
 def test_frame_without_a_timestamp_is_refused():
     broken = frame(0)
     del broken["t"]["infer_end"]

@@ -22,8 +22,7 @@ ROLE_NAMES = {"pre": "preprocess", "infer": "inference", "post": "postprocess"}
 HINTS = {"pre": "add --pre-workers (decode + letterbox is the limit)",
          "infer": "try --batch-size, --half on CUDA, or more --infer-workers",
          "post": "add --post-workers, or save fewer images (--save-images N)"}
-FRAME_TIMESTAMPS = ("read_start", "read_end", "pre_end", "infer_recv", "infer_start", "infer_end",
-                    "post_recv", "post_start", "post_end")
+FRAME_TIMESTAMPS = ("read_start", "pre_end", "infer_start", "infer_end", "post_start", "post_end")  # the ones used
 STAGE_INTERVALS = {"pre": ("read_start", "pre_end"), "queue_pre_infer": ("pre_end", "infer_start"),
                    "infer": ("infer_start", "infer_end"), "queue_infer_post": ("infer_end", "post_start"),
                    "post": ("post_start", "post_end")}
