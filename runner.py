@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
     add("--device", help="cpu, cuda, cuda:N, or a list such as cuda:0,cuda:1")
     add("--half", action="store_const", const=True, help="fp16 inference (CUDA only)")
     add("--no-fuse", dest="fuse", action="store_const", const=False, help="keep BatchNorm separate")
+    add("--no-channels-last", dest="channels_last", action="store_const", const=False,
+        help="keep NCHW weights (default NHWC)")
     add("--out-of-place", dest="inplace", action="store_const", const=False, help="Detect without in-place ops")
     add("--workers", type=int, help="default for --pre-workers and --post-workers (0: one per core)")
     add("--pre-workers", type=int, help="source + preprocess processes")

@@ -171,7 +171,7 @@ def test_save_state_round_trip(tmp_path):
     with torch.no_grad():
         assert torch.equal(rebuilt(x), model(x))
 
-    via_load = load_model(path, fuse=False)
+    via_load = load_model(path, fuse=False, channels_last=False)
     with torch.no_grad():
         assert torch.equal(via_load(x), model(x))
 
@@ -203,3 +203,15 @@ def test_project_state_shape_mismatch_is_named(tmp_path):
     torch.save(state, path)
     with pytest.raises(ValueError, match="'model.0.conv.weight' expected shape"):
         read_checkpoint(path).build()
+
+
+def test_channels_last_model_matches_the_nchw_model(tmp_path):
+    model = YOLOv5.from_preset("yolov5n", seed=0).eval()
+    path = tmp_path / "random.pt"
+    save_state(model, path)
+    x = torch.rand(1, 3, 256, 192)
+    with torch.no_grad():
+        nchw = load_model(path, channels_last=False)(x)
+        nhwc = load_model(path, channels_last=True)(x)
+    assert nhwc.shape == nchw.shape
+    torch.testing.assert_close(nhwc, nchw, rtol=1e-4, atol=1e-3)

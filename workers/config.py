@@ -11,7 +11,7 @@ from typing import Any
 
 # TOML section -> the RunConfig fields it may hold.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "model": ("weights", "preset", "fuse", "inplace", "half"),
+    "model": ("weights", "preset", "fuse", "inplace", "half", "channels_last"),
     "detect": ("imgsz", "rect", "conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms"),
     "source": ("source", "frames", "warmup", "synthetic_count"),
     "pipeline": ("device", "workers", "pre_workers", "infer_workers", "post_workers", "infer_threads",
@@ -36,6 +36,7 @@ class RunConfig:
     fuse: bool = True
     inplace: bool = True
     half: bool = False
+    channels_last: bool = True
     imgsz: int = 640
     rect: bool = True
     conf_thres: float = 0.25

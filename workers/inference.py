@@ -71,7 +71,7 @@ def run(args: StageArgs) -> None:
     cfg = args.config
     device = torch.device(args.device)
     model = load_model(cfg.weights or None, preset=cfg.preset, device=device, half=cfg.half, fuse=cfg.fuse,
-                       inplace=cfg.inplace)
+                       inplace=cfg.inplace, channels_last=cfg.channels_last)
     if model.max_stride != LETTERBOX_STRIDE:
         raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {model.max_stride}")
     timing = instrument_model(model, cfg, device)

@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--half", action="store_true", help="fp16 inference (CUDA only)")
     p.add_argument("--no-fuse", action="store_true", help="keep BatchNorm separate from the convs")
+    p.add_argument("--no-channels-last", action="store_true", help="keep NCHW weights (default NHWC)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--frames", type=int, default=None, help="stop after N frames, looping the source")
     p.add_argument("--warmup", type=int, default=0, help="frames left out of the timings")
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.threads < 1:
                 raise ValueError(f"--threads: expected >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
-        model = load_model(args.weights, preset=args.preset, device=device, half=args.half, fuse=not args.no_fuse)
+        model = load_model(args.weights, preset=args.preset, device=device, half=args.half, fuse=not args.no_fuse,
+                           channels_last=not args.no_channels_last)
     except (ValueError, CheckpointError) as exc:
         log.error("error: %s", exc)
         return 2
