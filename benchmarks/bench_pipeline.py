@@ -1,6 +1,6 @@
 """Pipeline vs sequential detector vs the machine's bound, measured side by side in one run.
 
-    python benchmarks/bench_pipeline.py                     # CPU, fixtures' photos, 72 frames
+    python benchmarks/bench_pipeline.py                     # CPU, fixtures' photos, 144 frames
     python benchmarks/bench_pipeline.py --device cuda --batch-size 8
 
 The bound on CPU is cores / (CPU-ms per frame of inference at its best thread count + CPU-ms per
@@ -29,11 +29,11 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", default=os.path.join(FIXTURES, "yolov5n.pt"))
     p.add_argument("--images", default=FIXTURES, help="folder of photos copied round-robin into the frame set")
-    p.add_argument("--frames", type=int, default=72, help="distinct image files in the frame set (>= 48)")
+    p.add_argument("--frames", type=int, default=144, help="distinct image files in the frame set (>= 48)")
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--pipeline-args", default="", help="extra runner.py flags, e.g. '--workers 2'")
     return p.parse_args()

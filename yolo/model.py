@@ -134,13 +134,18 @@ def decode_inplace(maps: list[torch.Tensor], grids: list[torch.Tensor], anchors:
 @timed("Detect.decode")
 def decode_outplace(maps: list[torch.Tensor], grids: list[torch.Tensor], anchors: list[torch.Tensor],
                     strides: list[float]) -> torch.Tensor:
-    """Same result as ``decode_inplace`` without in-place ops or slice assignment (exportable)."""
+    """Same result as ``decode_inplace`` without in-place ops or slice assignment (exportable).
+
+    Each (level, anchor) block is assembled in the output's row layout, so the only extra work
+    over the in-place path is one copy of the confidence columns, whatever the maps' layout."""
     pieces = []
     for raw, grid, anchor, stride in zip(maps, grids, anchors, strides):
-        y = raw.sigmoid()
-        xy = y[:, :, 0:2] * (2 * stride) + grid
-        wh = y[:, :, 2:4].square() * anchor
-        pieces.extend(_rows_per_anchor(torch.cat((xy, wh, y[:, :, 4:]), 2)))
+        rows = _rows_per_anchor(raw.sigmoid())
+        grid_rows = _rows_per_anchor(grid)
+        for a, y in enumerate(rows):
+            xy = y[..., 0:2] * (2 * stride) + grid_rows[a]
+            wh = y[..., 2:4].square() * anchor[:, a].view(1, 1, 2)
+            pieces.append(torch.cat((xy, wh, y[..., 4:]), -1))
     return torch.cat(pieces, 1)
 
 
