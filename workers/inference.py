@@ -24,7 +24,6 @@ from yolo.tensors import chw_batch_to_input
 from yolo.timing import default_timing_mode, instrument
 
 POLL_TIMEOUT_MS = 100
-DRAIN_TIMEOUT_S = 30.0
 MAX_PINNED_SHAPES = 16
 
 
@@ -98,7 +97,6 @@ def run(args: StageArgs) -> None:
     log.info("model on %s: %d parameters, timing %s, %s", device, model.num_params(), cfg.module_timing,
              timing.recorder.mode if timing else "off")
     try:
-        drain_deadline = None
         started = False
         while not control.should_stop():
             if not started and frames_out.all_peers_known():
@@ -127,16 +125,8 @@ def run(args: StageArgs) -> None:
                 batches += 1
                 frames += len(group)
                 continue
-            if frames_in.all_ended() and not waiting and not outbox:
-                if not frames_out.ended and frames_out.all_peers_known():
-                    frames_out.send_end()
-                    drain_deadline = time.perf_counter() + DRAIN_TIMEOUT_S
-                if frames_out.ended and frames_out.pending() == 0:
-                    break
-                if drain_deadline is not None and time.perf_counter() > drain_deadline:
-                    log.error("no acks for %d frames after %.0f s: %s", frames_out.pending(), DRAIN_TIMEOUT_S,
-                              frames_out.held_by())
-                    break
+            if frames_in.all_ended() and not waiting and not outbox and frames_out.finish(log):
+                break
             events = poll(poller, _poll_timeout_ms(waiting, cfg), clock, blocked_on_output=bool(outbox))
             for socket in frames_in.sockets:
                 if socket in events:

@@ -9,6 +9,9 @@ frames are known by id (plain PUSH/PULL would lose them silently in its queues).
 
 from __future__ import annotations
 
+import logging
+import time
+
 import zmq
 
 from workers.transport import Message, make_socket, recv_message, send_message
@@ -17,6 +20,7 @@ CREDIT = "credit"
 ACK = "ack"
 FRAME = "frame"
 END = "end"
+DRAIN_TIMEOUT_S = 30.0  # after end-of-stream: how long to wait for the last acks
 
 
 class Downstream:
@@ -32,6 +36,7 @@ class Downstream:
         self.bytes_sent = 0
         self.frames_sent = 0
         self.ended = False
+        self._drain_deadline = 0.0
 
     def handle(self) -> None:
         """Read one credit/ack message from a consumer."""
@@ -65,6 +70,21 @@ class Downstream:
         for peer in self.credit:
             send_message(self.socket, {"type": END}, envelope=[peer])
         self.ended = True
+
+    def finish(self, log: logging.Logger) -> bool:
+        """Call when nothing more will be sent: sends end-of-stream once every consumer is known,
+        then True once all frames are acked (or, after DRAIN_TIMEOUT_S, with an error logged)."""
+        if not self.ended and self.all_peers_known():
+            self.send_end()
+            self._drain_deadline = time.perf_counter() + DRAIN_TIMEOUT_S
+        if not self.ended:
+            return False
+        if self.pending() == 0:
+            return True
+        if time.perf_counter() > self._drain_deadline:
+            log.error("no acks for %d frames after %.0f s: %s", self.pending(), DRAIN_TIMEOUT_S, self.held_by())
+            return True
+        return False
 
     def pending(self) -> int:
         return sum(len(ids) for ids in self.in_flight.values())

@@ -16,7 +16,6 @@ from yolo.sources import FrameReader, FrameReadError
 
 POLL_TIMEOUT_MS = 100
 LETTERBOX_STRIDE = 32  # the max stride of every YOLOv5 P5 model; inference checks its model agrees
-DRAIN_TIMEOUT_S = 30.0  # after the last frame: wait this long at most for the acks
 
 
 def prepare(reader: FrameReader, ref, cfg, stride: int, keep_original: bool, worker: str
@@ -52,7 +51,6 @@ def run(args: StageArgs) -> None:
     try:
         ids = iter(plan.worker_ids(args.index, len(args.endpoints.pre)))
         ready = None  # a prepared frame waiting for credit
-        drain_deadline = None
         with FrameReader() as reader:
             while not control.should_stop():
                 if ready is None and frames_out.all_peers_known():
@@ -78,14 +76,7 @@ def run(args: StageArgs) -> None:
                     sent += 1
                     ready = None
                     continue
-                if ready is None and frames_out.all_peers_known() and not frames_out.ended:
-                    frames_out.send_end()
-                    drain_deadline = time.perf_counter() + DRAIN_TIMEOUT_S
-                if frames_out.ended and frames_out.pending() == 0:
-                    break
-                if drain_deadline is not None and time.perf_counter() > drain_deadline:
-                    log.error("no acks for %d frames after %.0f s: %s", frames_out.pending(), DRAIN_TIMEOUT_S,
-                              frames_out.held_by())
+                if ready is None and frames_out.finish(log):  # every id read and sent
                     break
                 events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=ready is not None)
                 if frames_out.socket in events:
