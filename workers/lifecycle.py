@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -77,6 +78,9 @@ class Control:
     """The runner's broadcast channel (SUB side), plus a check that the runner still lives."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str):
+        # Ctrl-C reaches the whole process group; only the runner acts on it, by broadcasting a
+        # stop, so each stage still reports what it did before it exits.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.socket = make_socket(ctx, zmq.SUB, linger_ms=0)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.connect(endpoint)
