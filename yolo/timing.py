@@ -104,6 +104,10 @@ class Recorder:
         self._forward_wall_s = 0.0
         self._context_token = None
         self._events: list[Any] = []
+        self._note_structure = True  # outside forwards, and in the first forward of each input shape
+        self._input_shapes: set[str] = set()
+        if mode == "cpu":
+            self._now = time.perf_counter
 
     # -- registration -----------------------------------------------------------------------
     def register(self, name: str, type_name: str, params: int) -> None:
@@ -126,27 +130,25 @@ class Recorder:
         return (end - start) * 1e3
 
     # -- calls -------------------------------------------------------------------------------
+    # The hot path: keep start/stop to a clock read and an append; shapes and nesting are noted
+    # only in forwards whose input shape is new (they are fixed by the input shape).
     def start(self, name: str, args: Sequence[Any] = ()) -> tuple[str, Any, int]:
-        if name not in self.infos:
-            self.register(name, "function", 0)
-        shapes = self.shapes.setdefault(name, {})
-        if len(shapes) < MAX_SHAPES_PER_MODULE:
-            key = _shape_of(args)
-            shapes[key] = shapes.get(key, 0) + 1
+        if self._note_structure or not self._in_forward:
+            self._note_shape(name, args)
         depth = self._depth
-        self._depth += 1
+        self._depth = depth + 1
         return name, self._now(), depth
 
     def stop(self, token: tuple[str, Any, int]) -> None:
         name, start, depth = token
         end = self._now()
         self._depth -= 1
-        info = self.infos[name]
-        if depth > 0:
-            info.outermost = False
         if self._in_forward:
             self._pending.append((name, start, end, depth))
             return
+        info = self.infos[name]
+        if depth > 0:
+            info.outermost = False
         info.in_forward = False
         if self.measuring:
             if self.mode == "cuda-events":
@@ -155,8 +157,19 @@ class Recorder:
             if self.mode == "cuda-events":
                 self._events.extend((start, end))
 
+    def _note_shape(self, name: str, args: Sequence[Any]) -> None:
+        if name not in self.infos:
+            self.register(name, "function", 0)
+        shapes = self.shapes.setdefault(name, {})
+        if len(shapes) < MAX_SHAPES_PER_MODULE:
+            key = _shape_of(args)
+            shapes[key] = shapes.get(key, 0) + 1
+
     # -- forwards ----------------------------------------------------------------------------
-    def begin_forward(self) -> None:
+    def begin_forward(self, args: Sequence[Any] = ()) -> None:
+        shape = _shape_of(args)
+        self._note_structure = shape not in self._input_shapes
+        self._input_shapes.add(shape)
         self._in_forward = True
         self._pending = []
         self._forward_wall_s = time.perf_counter()
@@ -171,6 +184,11 @@ class Recorder:
         self._in_forward = False
         self._depth = 0
         self._forwards_seen += 1
+        if self._note_structure:
+            for name, _, _, depth in self._pending:
+                if depth > 0:
+                    self.infos[name].outermost = False
+            self._note_structure = False
         if self.mode == "cuda-events":
             end.synchronize()  # the one wait per forward
         keep = self.measuring and self._forwards_seen > self.warmup_forwards
@@ -410,6 +428,6 @@ def instrument(model: nn.Module, *, types: Sequence[type] | None = None, depth: 
     for parent, attr, module, name in targets:
         setattr(parent, attr, TimedModule(module, name, recorder))
         handle._wrapped.append((parent, attr, module))
-    handle._hooks.append(model.register_forward_pre_hook(lambda m, a: recorder.begin_forward()))
+    handle._hooks.append(model.register_forward_pre_hook(lambda m, a: recorder.begin_forward(a)))
     handle._hooks.append(model.register_forward_hook(lambda m, a, o: recorder.end_forward(), always_call=True))
     return handle
