@@ -80,6 +80,7 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, dict]:
     of processes (name -> (role, torch threads, device))."""
     from yolo.checkpoint import read_checkpoint
     from yolo.devices import resolve_device
+    from yolo.names import default_names
     specs = [s.strip() for s in cfg.device.split(",") if s.strip()]
     if not specs:
         raise ConfigError(f"config device: expected cpu, cuda, cuda:N or a list, got {cfg.device!r}")
@@ -92,8 +93,8 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, dict]:
         raise ConfigError(f"config device: expected all CPU or all CUDA devices, got {cfg.device!r}")
     if cfg.half and not on_cuda:
         raise ConfigError(f"config half: fp16 needs a CUDA device, got device {cfg.device!r}")
-    if cfg.weights:
-        read_checkpoint(cfg.weights)  # a bad file is an error now, not in a worker
+    # A bad weights file is an error now, not in a worker; the class names travel to the stages.
+    names = read_checkpoint(cfg.weights).names if cfg.weights else default_names(80)
     cores = os.cpu_count() or 1
     workers = cfg.workers or cores
     infer = cfg.infer_workers or (len(devices) if on_cuda else cores)
@@ -101,7 +102,7 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, dict]:
                             "pre_workers": cfg.pre_workers or workers, "post_workers": cfg.post_workers or workers,
                             "infer_workers": infer, "infer_threads": cfg.infer_threads or 1,
                             "devices": tuple(devices)})
-    return resolved, {"cores": cores, "on_cuda": on_cuda}
+    return resolved, {"cores": cores, "on_cuda": on_cuda, "names": tuple(names)}
 
 
 def warn_oversubscription(cfg: RunConfig, cores: int, on_cuda: bool) -> None:
@@ -136,7 +137,8 @@ def make_run_dir(results: str) -> str:
     return os.path.join(results, run_id)
 
 
-def start_processes(cfg: RunConfig, plan, endpoints, run_dir: str, log_path: str, started_s: float) -> dict:
+def start_processes(cfg: RunConfig, plan, endpoints, run_dir: str, log_path: str, started_s: float,
+                    names: tuple[str, ...]) -> dict:
     # Imported here, not at the top: spawn re-imports this module in every child, and each
     # child should import only its own stage's libraries.
     from workers import collector, inference, postprocess, preprocess
@@ -145,14 +147,15 @@ def start_processes(cfg: RunConfig, plan, endpoints, run_dir: str, log_path: str
 
     def stage(name, index, target, device="cpu", torch_threads=1, extra=()):
         args = StageArgs(name=name, index=index, config=cfg, plan=plan, endpoints=endpoints, log_path=log_path,
-                         run_dir=run_dir, torch_threads=torch_threads, opencv_threads=1, device=device)
+                         run_dir=run_dir, torch_threads=torch_threads, opencv_threads=1, device=device,
+                         names=names)
         proc = spawn.Process(target=target, args=(args, *extra), name=name, daemon=True)
         proc.start()
         processes[name] = proc
 
-    names = ([f"pre-{i}" for i in range(cfg.pre_workers)] + [f"infer-{i}" for i in range(cfg.infer_workers)] +
+    worker_names = ([f"pre-{i}" for i in range(cfg.pre_workers)] + [f"infer-{i}" for i in range(cfg.infer_workers)] +
              [f"post-{i}" for i in range(cfg.post_workers)])
-    stage("collector", 0, collector.run, extra=(names, started_s))
+    stage("collector", 0, collector.run, extra=(worker_names, started_s))
     for i in range(cfg.post_workers):
         stage(f"post-{i}", i, postprocess.run)
     for i in range(cfg.infer_workers):
@@ -255,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     processes = {}
     finished, stop_reason = None, None
     try:
-        processes = start_processes(cfg, plan, endpoints, run_dir, log_path, time.perf_counter())
+        processes = start_processes(cfg, plan, endpoints, run_dir, log_path, time.perf_counter(),
+                                    machine["names"])
         finished, stop_reason = watch(processes, progress_in, control_out, plan.total, cfg.progress)
     finally:
         send_message(control_out, {"type": STOP, "reason": stop_reason or "run finished"})

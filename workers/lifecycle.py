@@ -152,3 +152,4 @@ class StageArgs:
     torch_threads: int = 1
     opencv_threads: int = 1
     device: str = "cpu"
+    names: tuple[str, ...] = ()  # class names, read once by the runner

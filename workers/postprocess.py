@@ -16,16 +16,8 @@ from workers.transport import make_socket, send_message
 from yolo.detect import annotated_name, detection_records, final_detections, save_image
 from yolo.draw import draw_detections
 from yolo.letterbox import LetterboxInfo
-from yolo.names import default_names
 
 POLL_TIMEOUT_MS = 100
-
-
-def class_names(cfg) -> list[str]:
-    if not cfg.weights:
-        return default_names(80)
-    from yolo.checkpoint import read_checkpoint
-    return read_checkpoint(cfg.weights).names
 
 
 def postprocess(msg, opts, names, images_dir: str, substages: dict, measured: bool) -> dict:
@@ -60,7 +52,7 @@ def run(args: StageArgs) -> None:
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg = args.config
     opts = detect_options(cfg)
-    names = class_names(cfg)
+    names = list(args.names)
     images_dir = os.path.join(args.run_dir, "images")
     ctx = zmq.Context()
     control = Control(ctx, args.endpoints.control)
