@@ -27,6 +27,8 @@ from workers.transport import make_socket, recv_message, send_message
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.toml")
 POLL_TIMEOUT_MS = 100
 STALL_TIMEOUT_S = 300.0  # no frame finished for this long while all processes live: stop the run
+STOP_RESEND_S = 1.0  # PUB/SUB may drop a message to a late subscriber: repeat the stop
+STOP_GIVE_UP_S = 30.0  # after a stop, wait this long for the collector's report, then end it all
 JOIN_TIMEOUT_S = 10.0  # after the collector finished (or a stop): then terminate, then kill
 
 log = logging.getLogger("runner")
@@ -148,7 +150,7 @@ def start_processes(cfg: RunConfig, plan, endpoints, run_dir: str, log_path: str
     def stage(name, index, target, device="cpu", torch_threads=1, extra=()):
         args = StageArgs(name=name, index=index, config=cfg, plan=plan, endpoints=endpoints, log_path=log_path,
                          run_dir=run_dir, torch_threads=torch_threads, opencv_threads=1, device=device,
-                         names=names)
+                         names=names, parent_pid=os.getpid())
         proc = spawn.Process(target=target, args=(args, *extra), name=name, daemon=True)
         proc.start()
         processes[name] = proc
@@ -172,6 +174,7 @@ def watch(processes: dict, progress_in, control_out, total: int, show_progress: 
     bar = tqdm(total=total, unit="frame", disable=not show_progress, dynamic_ncols=True, smoothing=0.1)
     finished, stop_reason = None, None
     last_done, last_change = 0, time.perf_counter()
+    stop_sent_s = stopped_s = 0.0
     poller = zmq.Poller()
     poller.register(progress_in, zmq.POLLIN)
     try:
@@ -180,7 +183,6 @@ def watch(processes: dict, progress_in, control_out, total: int, show_progress: 
                 events = dict(poller.poll(POLL_TIMEOUT_MS))
             except KeyboardInterrupt:
                 stop_reason = stop_reason or "interrupted by the user (Ctrl-C)"
-                send_message(control_out, {"type": STOP, "reason": stop_reason})
                 continue
             if progress_in in events:
                 msg = recv_message(progress_in)
@@ -192,22 +194,40 @@ def watch(processes: dict, progress_in, control_out, total: int, show_progress: 
                     bar.set_postfix(failed=msg.header["failed"], refresh=False)
                 if done != last_done:
                     last_done, last_change = done, time.perf_counter()
+            now = time.perf_counter()
             if stop_reason is None:
                 crashed = [f"{n} exited with code {p.exitcode}" for n, p in processes.items()
                            if p.exitcode not in (None, 0)]
                 if crashed:
                     stop_reason = "; ".join(crashed)
-                elif time.perf_counter() - last_change > STALL_TIMEOUT_S:
+                elif now - last_change > STALL_TIMEOUT_S:
                     stop_reason = f"no frame finished for {STALL_TIMEOUT_S:.0f} s"
                 if stop_reason:
                     log.error("stopping the run: %s", stop_reason)
+            if stop_reason is not None:
+                stopped_s = stopped_s or now
+                if now - stop_sent_s > STOP_RESEND_S:
                     send_message(control_out, {"type": STOP, "reason": stop_reason})
+                    stop_sent_s = now
+                if now - stopped_s > STOP_GIVE_UP_S:
+                    log.error("no report %.0f s after the stop: ending every process", STOP_GIVE_UP_S)
+                    break
             if processes["collector"].exitcode is not None and finished is None:
-                stop_reason = stop_reason or f"collector exited with code {processes['collector'].exitcode}"
+                finished = _last_finished(progress_in)  # it may have reported just before exiting
+                if finished is None:
+                    stop_reason = stop_reason or f"collector exited with code {processes['collector'].exitcode}"
                 break
     finally:
         bar.close()
     return finished, stop_reason
+
+
+def _last_finished(progress_in) -> dict | None:
+    while progress_in.poll(0):
+        msg = recv_message(progress_in)
+        if msg.header["type"] == "finished":
+            return msg.header
+    return None
 
 
 def stop_processes(processes: dict) -> None:

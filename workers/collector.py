@@ -84,7 +84,7 @@ def run(args: StageArgs, expected_workers: list[str], started_s: float) -> None:
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg, plan = args.config, args.plan
     ctx = zmq.Context()
-    control = Control(ctx, args.endpoints.control)
+    control = Control(ctx, args.endpoints.control, args.parent_pid)
     results_in = make_socket(ctx, zmq.PULL)
     results_in.bind(args.endpoints.collector)
     progress_out = make_socket(ctx, zmq.PUSH)

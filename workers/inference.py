@@ -78,7 +78,7 @@ def run(args: StageArgs) -> None:
     to_batch = BatchInput(device, cfg.half)
     n_pre, n_post = len(args.endpoints.pre), cfg.post_workers
     ctx = zmq.Context()
-    control = Control(ctx, args.endpoints.control)
+    control = Control(ctx, args.endpoints.control, args.parent_pid)
     frames_in = Upstream(ctx, list(args.endpoints.pre), args.name,
                          credit_per_producer=max(1, math.ceil(cfg.batch_size * cfg.prefetch / n_pre)))
     frames_out = Downstream(ctx, args.endpoints.infer[args.index], expected_peers=n_post)
@@ -98,15 +98,17 @@ def run(args: StageArgs) -> None:
              timing.recorder.mode if timing else "off")
     try:
         started = False
-        while not control.should_stop():
+        while not control.check():
             if not started and frames_out.all_peers_known():
                 # Grant credit upstream only once every postprocess worker is up, so no frame is
                 # read (and timed) before the whole pipeline can carry it.
                 frames_in.start()
                 started = True
             while outbox and frames_out.has_credit():
-                header, arrays = outbox.popleft()
-                frames_out.send(header, arrays)
+                header, arrays = outbox[0]
+                if frames_out.send(header, arrays) is None:
+                    continue  # that consumer is gone; try the others
+                outbox.popleft()
                 frames_in.ack(header["id"])
             due = _due_batch(waiting, cfg, frames_in.all_ended())
             if due is not None and len(outbox) < cfg.batch_size:
@@ -127,7 +129,9 @@ def run(args: StageArgs) -> None:
                 continue
             if frames_in.all_ended() and not waiting and not outbox and frames_out.finish(log):
                 break
-            events = poll(poller, _poll_timeout_ms(waiting, cfg), clock, blocked_on_output=bool(outbox))
+            blocked = len(outbox) >= cfg.batch_size  # no batch may run until postprocess takes some
+            timeout_ms = POLL_TIMEOUT_MS if blocked else _poll_timeout_ms(waiting, cfg)
+            events = poll(poller, timeout_ms, clock, blocked_on_output=bool(outbox))
             for socket in frames_in.sockets:
                 if socket in events:
                     msg = frames_in.receive(socket)

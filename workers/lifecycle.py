@@ -77,15 +77,21 @@ def setup_logging(name: str, log_path: str, level: str) -> logging.Logger:
 class Control:
     """The runner's broadcast channel (SUB side), plus a check that the runner still lives."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str):
+    def __init__(self, ctx: zmq.Context, endpoint: str, parent_pid: int):
         # Ctrl-C reaches the whole process group; only the runner acts on it, by broadcasting a
         # stop, so each stage still reports what it did before it exits.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.socket = make_socket(ctx, zmq.SUB, linger_ms=0)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.connect(endpoint)
-        self.parent_pid = os.getppid()
+        self.parent_pid = parent_pid  # the runner's, passed in: it may already be gone now
         self.stop_reason: str | None = None
+
+    def check(self) -> bool:
+        """Read a pending stop without waiting; True if the stage should stop."""
+        while self.socket.poll(0):
+            self.handle()
+        return self.should_stop()
 
     def handle(self) -> None:
         msg = recv_message(self.socket)
@@ -153,3 +159,4 @@ class StageArgs:
     opencv_threads: int = 1
     device: str = "cpu"
     names: tuple[str, ...] = ()  # class names, read once by the runner
+    parent_pid: int = 0  # the runner; a stage stops if it disappears

@@ -36,6 +36,7 @@ class Downstream:
         self.bytes_sent = 0
         self.frames_sent = 0
         self.ended = False
+        self.gone: set[bytes] = set()  # consumers that disappeared mid-run
         self._drain_deadline = 0.0
 
     def handle(self) -> None:
@@ -51,24 +52,44 @@ class Downstream:
     def has_credit(self) -> bool:
         return any(c > 0 for c in self.credit.values())
 
-    def send(self, header: dict, arrays=()) -> bytes:
-        """Send one frame to the peer with the most credit; returns that peer's identity."""
-        peer = max(self.credit, key=self.credit.__getitem__)
-        if self.credit[peer] <= 0:
+    def send(self, header: dict, arrays=()) -> bytes | None:
+        """Send one frame to the peer with the most credit; returns that peer's identity, or
+        None when the only peers with credit turned out to be gone (the frame was not sent)."""
+        if not self.has_credit():
             raise RuntimeError("expected a consumer with credit before sending, got none")
-        nbytes = send_message(self.socket, {**header, "type": FRAME}, arrays, envelope=[peer])
+        while self.has_credit():
+            peer = max(self.credit, key=self.credit.__getitem__)
+            try:
+                nbytes = send_message(self.socket, {**header, "type": FRAME}, arrays, envelope=[peer])
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._forget(peer)
+        else:
+            return None
         self.credit[peer] -= 1
         self.in_flight[peer].add(header["id"])
         self.bytes_sent += nbytes
         self.frames_sent += 1
         return peer
 
+    def _forget(self, peer: bytes) -> None:
+        # A consumer that stopped or died: its unacked frames stay listed in held_by().
+        self.credit.pop(peer, None)
+        self.gone.add(peer)
+
     def all_peers_known(self) -> bool:
-        return len(self.credit) >= self.expected_peers
+        return len(self.credit) + len(self.gone) >= self.expected_peers
 
     def send_end(self) -> None:
-        for peer in self.credit:
-            send_message(self.socket, {"type": END}, envelope=[peer])
+        for peer in list(self.credit):
+            try:
+                send_message(self.socket, {"type": END}, envelope=[peer])
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._forget(peer)
         self.ended = True
 
     def finish(self, log: logging.Logger) -> bool:
@@ -79,7 +100,7 @@ class Downstream:
             self._drain_deadline = time.perf_counter() + DRAIN_TIMEOUT_S
         if not self.ended:
             return False
-        if self.pending() == 0:
+        if self.pending() == 0 or not self.credit:
             return True
         if time.perf_counter() > self._drain_deadline:
             log.error("no acks for %d frames after %.0f s: %s", self.pending(), DRAIN_TIMEOUT_S, self.held_by())

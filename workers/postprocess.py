@@ -55,7 +55,7 @@ def run(args: StageArgs) -> None:
     names = list(args.names)
     images_dir = os.path.join(args.run_dir, "images")
     ctx = zmq.Context()
-    control = Control(ctx, args.endpoints.control)
+    control = Control(ctx, args.endpoints.control, args.parent_pid)
     frames_in = Upstream(ctx, list(args.endpoints.infer), args.name, credit_per_producer=cfg.prefetch)
     results_out = make_socket(ctx, zmq.PUSH)
     results_out.connect(args.endpoints.collector)
@@ -68,7 +68,7 @@ def run(args: StageArgs) -> None:
     frames = bytes_out = 0
     frames_in.start()
     try:
-        while not control.should_stop() and not frames_in.all_ended():
+        while not control.check() and not frames_in.all_ended():
             events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=False)
             for socket in frames_in.sockets:
                 if socket not in events:

@@ -39,7 +39,7 @@ def run(args: StageArgs) -> None:
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg, plan = args.config, args.plan
     ctx = zmq.Context()
-    control = Control(ctx, args.endpoints.control)
+    control = Control(ctx, args.endpoints.control, args.parent_pid)
     frames_out = Downstream(ctx, args.endpoints.pre[args.index], expected_peers=len(args.endpoints.infer))
     results_out = make_socket(ctx, zmq.PUSH)
     results_out.connect(args.endpoints.collector)
@@ -52,7 +52,7 @@ def run(args: StageArgs) -> None:
         ids = iter(plan.worker_ids(args.index, len(args.endpoints.pre)))
         ready = None  # a prepared frame waiting for credit
         with FrameReader() as reader:
-            while not control.should_stop():
+            while not control.check():
                 if ready is None and frames_out.all_peers_known():
                     frame_id = next(ids, None)
                     if frame_id is not None:
@@ -72,9 +72,9 @@ def run(args: StageArgs) -> None:
                             clock.frame_ms.append((t["pre_end"] - t["read_start"]) * 1e3)
                         continue
                 if ready is not None and frames_out.has_credit():
-                    frames_out.send(*ready)
-                    sent += 1
-                    ready = None
+                    if frames_out.send(*ready) is not None:  # else its consumer is gone: try another
+                        sent += 1
+                        ready = None
                     continue
                 if ready is None and frames_out.finish(log):  # every id read and sent
                     break

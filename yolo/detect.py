@@ -78,11 +78,17 @@ def detection_records(dets: torch.Tensor, image: str, frame: int, names: Sequenc
 
 
 def annotated_name(name: str, cycle: int) -> str:
-    """Where an annotated frame is saved under the image folder: its name, as a .jpg, with
-    the pass number when the source loops, so no frame overwrites another."""
-    stem, ext = os.path.splitext(name.replace(":", "_"))
+    """Where an annotated frame is saved under the image folder, unique per frame: the image's
+    name (a video frame's name carries its index), the pass number when the source loops, and
+    the original extension kept in the stem unless it is already .jpg/.jpeg/.png."""
+    video, _, index = name.rpartition(":")
+    if video and index.isdigit():
+        name = f"{video}_{index}"  # clip.mp4:000017 -> clip.mp4_000017, saved as a .jpg
+    stem, ext = os.path.splitext(name)
     suffix = f"_pass{cycle}" if cycle else ""
-    return f"{stem}{suffix}{ext if ext.lower() in ('.jpg', '.jpeg', '.png') else '.jpg'}"
+    if ext.lower() in (".jpg", ".jpeg", ".png"):
+        return f"{stem}{suffix}{ext}"
+    return f"{name}{suffix}.jpg"
 
 
 def save_image(path: str, image: np.ndarray) -> None:
