@@ -268,13 +268,24 @@ def main(argv: list[str] | None = None) -> int:
              os.path.basename(run_dir), plan.total, cfg.source, cfg.pre_workers, cfg.infer_workers,
              ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
     ipc_dir = tempfile.mkdtemp(prefix="yolo-")
-    endpoints = make_endpoints(cfg.transport, ipc_dir, cfg.tcp_host, cfg.tcp_base_port, cfg.pre_workers,
-                               cfg.infer_workers)
     ctx = zmq.Context()
     control_out = make_socket(ctx, zmq.PUB, linger_ms=500)
-    control_out.bind(endpoints.control)
     progress_in = make_socket(ctx, zmq.PULL)
-    progress_in.bind(endpoints.progress)
+    try:
+        endpoints = make_endpoints(cfg.transport, ipc_dir, cfg.tcp_host, cfg.tcp_base_port, cfg.pre_workers,
+                                   cfg.infer_workers)
+        for socket, endpoint in ((control_out, endpoints.control), (progress_in, endpoints.progress)):
+            try:
+                socket.bind(endpoint)
+            except zmq.ZMQError as exc:
+                raise ValueError(f"cannot bind {endpoint}: {exc} (change tcp_base_port or use ipc)") from None
+    except ValueError as exc:
+        log.error("error: %s", exc)
+        control_out.close()
+        progress_in.close()
+        ctx.term()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        return 2
     processes = {}
     finished, stop_reason = None, None
     try:
