@@ -82,7 +82,7 @@ def _version(package: str) -> str:
 def run(args: StageArgs, expected_workers: list[str], started_s: float) -> None:
     threads = set_thread_counts(args.torch_threads, args.opencv_threads)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
-    cfg, plan = args.config, args.plan
+    plan = args.plan
     ctx = zmq.Context()
     control = Control(ctx, args.endpoints.control, args.parent_pid)
     results_in = make_socket(ctx, zmq.PULL)

@@ -102,6 +102,13 @@ class RunConfig:
         return {"all": 1, "none": 0}[self.save_images] if self.save_images in ("all", "none") \
             else int(self.save_images)
 
+    def detect_options(self):
+        """The options of yolo.detect that inference and postprocess share."""
+        from yolo.detect import DetectOptions  # imported here: the runner reads configs without torch
+        return DetectOptions(imgsz=self.imgsz, rect=self.rect, conf_thres=self.conf_thres,
+                             iou_thres=self.iou_thres, classes=tuple(self.classes) or None,
+                             agnostic=self.agnostic_nms, max_det=self.max_det)
+
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["classes"] = list(self.classes)

@@ -27,11 +27,6 @@ POLL_TIMEOUT_MS = 100
 MAX_PINNED_SHAPES = 16
 
 
-def detect_options(cfg) -> DetectOptions:
-    return DetectOptions(imgsz=cfg.imgsz, rect=cfg.rect, conf_thres=cfg.conf_thres, iou_thres=cfg.iou_thres,
-                         classes=tuple(cfg.classes) or None, agnostic=cfg.agnostic_nms, max_det=cfg.max_det)
-
-
 def instrument_model(model: nn.Module, cfg, device: torch.device):
     if cfg.module_timing == "none":
         return None
@@ -74,7 +69,7 @@ def run(args: StageArgs) -> None:
     if model.max_stride != LETTERBOX_STRIDE:
         raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {model.max_stride}")
     timing = instrument_model(model, cfg, device)
-    opts = detect_options(cfg)
+    opts = cfg.detect_options()
     to_batch = BatchInput(device, cfg.half)
     n_pre, n_post = len(args.endpoints.pre), cfg.post_workers
     ctx = zmq.Context()

@@ -9,7 +9,6 @@ import time
 import torch
 import zmq
 
-from workers.inference import detect_options
 from workers.lifecycle import Clock, Control, StageArgs, poll, set_thread_counts, setup_logging, worker_stats
 from workers.links import Upstream
 from workers.transport import make_socket, send_message
@@ -51,7 +50,7 @@ def run(args: StageArgs) -> None:
     threads = set_thread_counts(args.torch_threads, args.opencv_threads)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg = args.config
-    opts = detect_options(cfg)
+    opts = cfg.detect_options()
     names = list(args.names)
     images_dir = os.path.join(args.run_dir, "images")
     ctx = zmq.Context()
