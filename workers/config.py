@@ -16,8 +16,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "source": ("source", "frames", "warmup", "synthetic_count"),
     "pipeline": ("device", "workers", "pre_workers", "infer_workers", "post_workers", "infer_threads",
                  "batch_size", "max_wait_ms", "prefetch", "module_timing", "timing_mode",
-                 "trace_module_forwards"),
-    "output": ("results", "save_images", "log_level", "progress"),
+                 "trace_module_forwards", "max_restarts", "heartbeat_timeout_s"),
+    "output": ("results", "save_images", "log_level", "progress", "allow_failures"),
     "transport": ("transport", "tcp_host", "tcp_base_port"),
 }
 MODULE_TIMING = ("none", "layers", "blocks", "leaves")
@@ -60,10 +60,13 @@ class RunConfig:
     module_timing: str = "layers"
     timing_mode: str = "auto"
     trace_module_forwards: int = 20
+    max_restarts: int = 3  # restarts per stage (pre, infer, post) of workers that die or hang
+    heartbeat_timeout_s: float = 5.0  # a process silent this long is handled as dead
     results: str = "results"
     save_images: str = "all"  # all | none | N (every N-th frame)
     log_level: str = "info"
     progress: bool = True
+    allow_failures: bool = False  # exit 0, not 3, when some frames failed
     transport: str = "ipc"  # ipc | tcp
     tcp_host: str = "127.0.0.1"
     tcp_base_port: int = 5550
@@ -87,6 +90,9 @@ class RunConfig:
         _check(self.prefetch >= 1, "prefetch", ">= 1", self.prefetch)
         _check(self.module_timing in MODULE_TIMING, "module_timing", f"one of {MODULE_TIMING}", self.module_timing)
         _check(self.timing_mode in TIMING_MODES, "timing_mode", f"one of {TIMING_MODES}", self.timing_mode)
+        _check(self.max_restarts >= 0, "max_restarts", ">= 0", self.max_restarts)
+        _check(self.heartbeat_timeout_s >= 1.0, "heartbeat_timeout_s", ">= 1 (heartbeats come every 0.5 s)",
+               self.heartbeat_timeout_s)
         _check(self.trace_module_forwards >= 0, "trace_module_forwards", ">= 0", self.trace_module_forwards)
         _check(self.log_level in LOG_LEVELS, "log_level", f"one of {LOG_LEVELS}", self.log_level)
         _check(self.transport in ("ipc", "tcp"), "transport", "'ipc' or 'tcp'", self.transport)

@@ -1,10 +1,13 @@
 """Inference stage: the model wrapped by the TimedModule crawler; gathers frames of the same
-letterboxed shape into batches, runs them on its device, and sends each frame's candidate
-rows (those above conf_thres, not the raw prediction) to the postprocess pool."""
+letterboxed shape into batches, reads their pixels from the preprocess workers' shared-memory
+slots, runs them on its device, and sends each frame's candidate rows (those above conf_thres,
+not the raw prediction) to the postprocess pool. With ``--preset none`` there is no model: it
+answers at once with no candidates, so a run measures what the pipeline itself can carry."""
 
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import time
 
@@ -13,18 +16,24 @@ import torch
 import torch.nn as nn
 import zmq
 
-from workers.lifecycle import Clock, Control, StageArgs, poll, set_thread_counts, setup_logging, worker_stats
+from analysis.samples import Samples
+from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
+                               setup_logging, test_slowdown_ms, worker_stats)
 from workers.links import Downstream, Upstream
+from workers.messages import FAILED
 from workers.preprocess import LETTERBOX_STRIDE
-from workers.transport import make_socket, send_message
+from workers.slots import SlotError, SlotViews
+from workers.transport import DropCounter, make_socket, send_message
 from yolo.checkpoint import load_model
 from yolo.detect import DetectOptions, candidates_for_batch
 from yolo.model import C3, SPPF, Bottleneck, Conv, Detect
+from yolo.presets import MODEL_FREE
 from yolo.tensors import chw_batch_to_input
 from yolo.timing import default_timing_mode, instrument
 
 POLL_TIMEOUT_MS = 100
 MAX_PINNED_SHAPES = 16
+NO_CANDIDATES = np.zeros((0, 6), np.float32)
 
 
 def instrument_model(model: nn.Module, cfg, device: torch.device):
@@ -37,12 +46,12 @@ def instrument_model(model: nn.Module, cfg, device: torch.device):
 
 
 class BatchInput:
-    """Turns received uint8 3xHxW RGB frames into the model's float batch on the device,
-    through a reused pinned buffer and a non-blocking copy on CUDA."""
+    """Turns uint8 3xHxW RGB frames into the model's float batch on the device, through a
+    reused pinned buffer and a non-blocking copy on CUDA."""
 
     def __init__(self, device: torch.device, half: bool):
         self.device = device
-        self.dtype = torch.float16 if half else torch.float32
+        self.dtype = torch.float16 if half and device.type == "cuda" else torch.float32
         self.pinned: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, images: list[np.ndarray]) -> torch.Tensor:
@@ -59,66 +68,118 @@ class BatchInput:
         return chw_batch_to_input(host, self.device, self.dtype)
 
 
+class Detector:
+    """The model and what a batch needs: input conversion, candidate selection, module timing."""
+
+    def __init__(self, args: StageArgs):
+        cfg = args.config
+        self.device = torch.device(args.device)
+        self.model = None
+        self.timing = None
+        self.precision = "none"
+        if cfg.preset != MODEL_FREE or cfg.weights:
+            logging.getLogger("yolo.model").setLevel(logging.ERROR)  # the runner already warned of random weights
+            self.model = load_model(cfg.weights or None, preset=cfg.preset, device=self.device, half=cfg.half,
+                                    fuse=cfg.fuse, inplace=cfg.inplace, channels_last=cfg.channels_last)
+            if self.model.max_stride != LETTERBOX_STRIDE:
+                raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {self.model.max_stride}")
+            self.timing = instrument_model(self.model, cfg, self.device)
+            self.precision = "fp16" if cfg.half else "fp32"
+        self.opts: DetectOptions = cfg.detect_options()
+        self.to_batch = BatchInput(self.device, cfg.half)
+        self.shapes_seen: set[tuple] = set()
+
+    def candidates(self, images: list[np.ndarray], substages: dict, measured: bool) -> tuple[list[np.ndarray], bool]:
+        """Per image Tensor[K, 6] candidates as numpy, and whether this was the first forward of
+        its input shape here (slow one-off set-up: excluded from statistics)."""
+        shape = (len(images),) + images[0].shape
+        cold = shape not in self.shapes_seen
+        self.shapes_seen.add(shape)
+        if self.model is None:
+            return [NO_CANDIDATES] * len(images), cold
+        if self.timing:
+            self.timing.recorder.measuring = measured and not cold
+        t_start = time.perf_counter()
+        with torch.inference_mode():
+            x = self.to_batch(images)
+            t_device = time.perf_counter()
+            prediction = self.model(x)
+            t_forward = time.perf_counter()
+            found = candidates_for_batch(prediction, self.opts)  # .cpu() here waits for the GPU
+        t_end = time.perf_counter()
+        if measured and not cold:
+            substages["to_device"].add((t_device - t_start) * 1e3)
+            substages["forward"].add((t_forward - t_device) * 1e3)
+            substages["select"].add((t_end - t_forward) * 1e3)
+        return [c.numpy() for c in found], cold
+
+    def log_line(self) -> str:
+        if self.model is None:
+            return "no model (--preset none): every frame gets no detections at once"
+        mode = self.timing.recorder.mode if self.timing else "off"
+        return f"model on {self.device}: {self.model.num_params()} parameters, {self.precision}, timing {mode}"
+
+
 def run(args: StageArgs) -> None:
+    enter_process(args)
     threads = set_thread_counts(args.torch_threads, args.opencv_threads)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg = args.config
-    device = torch.device(args.device)
-    model = load_model(cfg.weights or None, preset=cfg.preset, device=device, half=cfg.half, fuse=cfg.fuse,
-                       inplace=cfg.inplace, channels_last=cfg.channels_last)
-    if model.max_stride != LETTERBOX_STRIDE:
-        raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {model.max_stride}")
-    timing = instrument_model(model, cfg, device)
-    opts = cfg.detect_options()
-    to_batch = BatchInput(device, cfg.half)
+    detector = Detector(args)
+    drops = DropCounter(log)
     n_pre, n_post = len(args.endpoints.pre), cfg.post_workers
     ctx = zmq.Context()
-    control = Control(ctx, args.endpoints.control, args.parent_pid)
-    frames_in = Upstream(ctx, list(args.endpoints.pre), args.name,
-                         credit_per_producer=max(1, math.ceil(cfg.batch_size * cfg.prefetch / n_pre)))
-    frames_out = Downstream(ctx, args.endpoints.infer[args.index], expected_peers=n_post)
-    results_out = make_socket(ctx, zmq.PUSH)
+    control = Control(ctx, args, drops)
+    heartbeat = Heartbeat(ctx, args)
+    frames_in = Upstream(ctx, list(args.endpoints.pre), [f"pre-{i}" for i in range(n_pre)], args.identity,
+                         max(1, math.ceil(cfg.batch_size * cfg.prefetch / n_pre)), args.wire, drops)
+    frames_out = Downstream(ctx, args.endpoints.infer[args.index], [f"post-{i}" for i in range(n_post)],
+                            args.identity, args.wire, drops)
+    results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
     results_out.connect(args.endpoints.collector)
+    views = SlotViews(args.run_tag)
     poller = zmq.Poller()
-    for socket in frames_in.sockets:
+    for socket in frames_in.sockets + [frames_out.socket, control.socket]:
         poller.register(socket, zmq.POLLIN)
-    poller.register(frames_out.socket, zmq.POLLIN)
-    poller.register(control.socket, zmq.POLLIN)
-    clock = Clock()
-    waiting: dict[tuple, list] = collections.defaultdict(list)  # letterboxed shape -> [(t_recv, msg)]
+    clock, slow_ms = Clock(), test_slowdown_ms("infer")
+    waiting: dict[tuple, list] = collections.defaultdict(list)  # letterboxed shape -> [(t_recv, msg, image)]
     outbox: collections.deque = collections.deque()  # (header, arrays) ready for the postprocess pool
-    substages = {"to_device": [], "forward": [], "select": []}
+    substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
     batches = frames = 0
-    log.info("model on %s: %d parameters, timing %s, %s", device, model.num_params(), cfg.module_timing,
-             timing.recorder.mode if timing else "off")
+    log.info(detector.log_line())
     try:
         started = False
         while not control.check():
+            heartbeat.tick()
+            for notice in control.take_gone():
+                frames_out.peer_gone(notice["name"], notice["incarnation"], notice["final"])
+                frames_in.producer_gone(notice["name"], notice["final"])
             if not started and frames_out.all_peers_known():
                 # Grant credit upstream only once every postprocess worker is up, so no frame is
                 # read (and timed) before the whole pipeline can carry it.
                 frames_in.start()
                 started = True
+            frames_out.send_queued()
             while outbox and frames_out.has_credit():
                 header, arrays = outbox[0]
                 if frames_out.send(header, arrays) is None:
                     continue  # that consumer is gone; try the others
                 outbox.popleft()
-                frames_in.ack(header["id"])
+                frames_in.ack(header["id"], release=header.get("release_by") == "infer")
             due = _due_batch(waiting, cfg, frames_in.all_ended())
             if due is not None and len(outbox) < cfg.batch_size:
                 group, waiting[due] = waiting[due][:cfg.batch_size], waiting[due][cfg.batch_size:]
                 if not waiting[due]:
                     del waiting[due]
-                t0 = time.perf_counter()
-                measured = all(m.header["id"] >= cfg.warmup for _, m in group)
-                if timing:
-                    timing.recorder.measuring = measured
-                outbox.extend(_infer(model, to_batch, opts, group, substages, measured, args.name))
-                elapsed = time.perf_counter() - t0
-                clock.busy_s += elapsed
-                if measured:
-                    clock.frame_ms.extend([elapsed * 1e3 / len(group)] * len(group))
+                measured = all(m.header["id"] >= cfg.warmup for _, m, _ in group)
+                with clock.busy() as spent:
+                    t_start = time.perf_counter()
+                    found, cold = detector.candidates([image for _, _, image in group], substages, measured)
+                    burn_cpu(slow_ms * len(group))
+                    t_end = time.perf_counter()
+                outbox.extend(_to_post(group, found, cold, t_start, t_end, args.name, len(group)))
+                if measured and not cold:
+                    clock.add_frames(*spent, frames=len(group))
                 batches += 1
                 frames += len(group)
                 continue
@@ -129,28 +190,46 @@ def run(args: StageArgs) -> None:
             events = poll(poller, timeout_ms, clock, blocked_on_output=bool(outbox))
             for socket in frames_in.sockets:
                 if socket in events:
-                    msg = frames_in.receive(socket)
-                    if msg is not None:
-                        shape = tuple(msg.arrays[0].shape)
-                        waiting[shape].append((time.perf_counter(), msg))
+                    _receive(socket, frames_in, views, waiting, results_out, args)
             if frames_out.socket in events:
                 frames_out.handle()
             if control.socket in events:
                 control.handle()
         if control.stop_reason:
             log.info("stopping: %s", control.stop_reason)
-        exported = _export_timing(timing)
+        held = sorted([m.header["id"] for items in waiting.values() for _, m, _ in items] +
+                      [h["id"] for h, _ in outbox])
         send_message(results_out, worker_stats(
-            args.name, "infer", str(device), threads, clock, frames, batches=batches,
+            args, "infer", threads, clock, frames, drops, batches=batches, precision=detector.precision,
             bytes_in=frames_in.bytes_received, bytes_out=frames_out.bytes_sent,
             messages_in=frames_in.frames_received, messages_out=frames_out.frames_sent,
-            substages_ms=substages, link="infer->post", timing=exported))
+            substages_ms={k: v.to_dict() for k, v in substages.items()}, link="infer->post",
+            timing=_export_timing(detector.timing), held=held, held_by=frames_out.held_by(),
+            resent=frames_out.resent_by), token=args.wire.token)
     finally:
+        heartbeat.close()
+        views.close()
         frames_in.close()
         frames_out.close()
         results_out.close()
         control.close()
         ctx.term()
+
+
+def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, results_out, args: StageArgs) -> None:
+    msg = frames_in.receive(socket)
+    if msg is None:
+        return
+    try:
+        image = views.array(msg.header["px"].get("lb"), msg.arrays)
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
+            raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")
+    except SlotError as exc:
+        send_message(results_out, {"type": FAILED, "id": msg.header["id"], "name": msg.header["name"],
+                                   "stage": "infer", "worker": args.name, "reason": str(exc)}, token=args.wire.token)
+        frames_in.ack(msg.header["id"], release=True)
+        return
+    waiting[tuple(image.shape)].append((time.perf_counter(), msg, image))
 
 
 def _due_batch(waiting: dict, cfg, inputs_ended: bool):
@@ -176,29 +255,21 @@ def _poll_timeout_ms(waiting: dict, cfg) -> float:
     return max(0.0, min(POLL_TIMEOUT_MS, cfg.max_wait_ms - (time.perf_counter() - oldest) * 1e3))
 
 
-def _infer(model, to_batch: BatchInput, opts: DetectOptions, group: list, substages: dict,
-           measured: bool, worker: str) -> list[tuple[dict, list]]:
-    msgs = [m for _, m in group]
-    t_start = time.perf_counter()
-    with torch.inference_mode():
-        x = to_batch([m.arrays[0] for m in msgs])
-        t_device = time.perf_counter()
-        prediction = model(x)
-        t_forward = time.perf_counter()
-        candidates = candidates_for_batch(prediction, opts)  # .cpu() here waits for the GPU
-    t_end = time.perf_counter()
-    if measured:
-        substages["to_device"].append((t_device - t_start) * 1e3)
-        substages["forward"].append((t_forward - t_device) * 1e3)
-        substages["select"].append((t_end - t_forward) * 1e3)
+def _to_post(group: list, found: list[np.ndarray], cold: bool, t_start: float, t_end: float, worker: str,
+             batch: int) -> list[tuple[dict, list]]:
     out = []
-    for (t_recv, msg), cands in zip(group, candidates):
+    for (t_recv, msg, _), candidates in zip(group, found):
         header = dict(msg.header)
-        header.pop("type", None)
+        for key in ("type", "src"):
+            header.pop(key, None)
         header["t"] = {**header["t"], "infer_recv": t_recv, "infer_start": t_start, "infer_end": t_end}
-        header["batch"] = len(group)
-        header["infer"] = worker
-        arrays = [cands.numpy()] + msg.arrays[1:]  # the original image travels on untouched
+        header.update(batch=batch, infer=worker, cold=cold)
+        orig = header["px"].get("orig")
+        arrays = [candidates]
+        if orig is not None and "inline" in orig:  # an original that travelled in the message goes on with it
+            arrays.append(msg.arrays[orig["inline"]])
+            header["px"] = {**header["px"], "orig": {"inline": 1}}
+        header["px"] = {**header["px"], "lb": None, "cands": {"inline": 0}}
         out.append((header, arrays))
     return out
 

@@ -1,118 +1,232 @@
-"""Credit-based links between worker pools, so every sender knows which frames each peer holds.
+"""Credit-based links between worker pools, so every sender knows which frames each peer holds
+and can send them again if that peer dies.
 
 A consumer connects one DEALER to each producer's ROUTER and grants it credit (how many frames
-it may send). The producer sends a frame only to a peer with credit and records it in that
-peer's in-flight ledger; the consumer acks the frame once it has passed it on, which returns
-the credit and clears the ledger entry. Memory stays bounded by the credit, and a dead peer's
-frames are known by id (plain PUSH/PULL would lose them silently in its queues).
+it may send). The producer sends a frame only to a peer with credit and keeps the frame (its
+header and arrays: slot references, or small arrays) in that peer's in-flight ledger; the
+consumer acks the frame once it has passed it on, which returns the credit and clears the
+entry. Memory stays bounded by the credit, and a dead peer's frames are known by id and sent
+again to another peer (plain PUSH/PULL would lose them silently in its queues).
+
+Peers are known by identity ``name.incarnation`` (``post-1.0``); a restarted worker is a new
+incarnation, and a message from an older incarnation, or from a name that is not one of the
+expected consumers, is dropped. Acks name the producer incarnation they are for (``to``), so a
+restarted producer ignores the acks (and credit) meant for its predecessor.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import zmq
 
-from workers.transport import Message, make_socket, recv_message, send_message
+from workers.lifecycle import Wire
+from workers.messages import ACK, CREDIT, END, FRAME, validate
+from workers.transport import FRAME_LIMITS, DropCounter, Message, ProtocolError, make_socket, recv_message, send_message
 
-CREDIT = "credit"
-ACK = "ack"
-FRAME = "frame"
-END = "end"
-DRAIN_TIMEOUT_S = 30.0  # after end-of-stream: how long to wait for the last acks
+DRAIN_TIMEOUT_S = 30.0  # after end-of-stream: how long to wait without any ack before giving up
+LINK_TYPES = frozenset({CREDIT, ACK})
+UPSTREAM_TYPES = frozenset({FRAME, END})
+
+
+def parse_identity(identity: bytes) -> tuple[str, int] | None:
+    """``b"post-1.2"`` -> ``("post-1", 2)``; None for anything else."""
+    try:
+        name, _, incarnation = identity.decode("ascii").rpartition(".")
+    except UnicodeDecodeError:
+        return None
+    if not name or not incarnation.isdigit():
+        return None
+    return name, int(incarnation)
+
+
+@dataclass
+class Peer:
+    name: str
+    incarnation: int
+    credit: int = 0
+    in_flight: dict[int, tuple[dict, list]] = field(default_factory=dict)  # id -> (header, arrays)
+    ended: bool = False  # end-of-stream sent to it
 
 
 class Downstream:
     """The producer's side: a bound ROUTER handing frames to the consumers that granted credit."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, expected_peers: int, hwm: int = 1000):
-        self.socket = make_socket(ctx, zmq.ROUTER, sndhwm=hwm, rcvhwm=hwm)
+    def __init__(self, ctx: zmq.Context, endpoint: str, consumers: Sequence[str], identity: str, wire: Wire,
+                 drops: DropCounter, hwm: int = 1000):
+        self.socket = make_socket(ctx, zmq.ROUTER, sndhwm=hwm, rcvhwm=hwm, max_message_bytes=FRAME_LIMITS.header_bytes,
+                                  curve=wire.curve, curve_server=True)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone peer raises, not vanishes
         self.socket.bind(endpoint)
-        self.expected_peers = expected_peers
-        self.credit: dict[bytes, int] = {}
-        self.in_flight: dict[bytes, set[int]] = {}
+        self.identity = identity
+        self.consumers = frozenset(consumers)
+        self.token = wire.token
+        self.drops = drops
+        self.peers: dict[bytes, Peer] = {}
+        self.latest: dict[str, int] = {}  # consumer name -> newest incarnation seen
+        self.finished: set[str] = set()  # consumers gone for good: no incarnation will come
+        self.queue: collections.deque[tuple[dict, list]] = collections.deque()  # frames to send again
         self.bytes_sent = 0
         self.frames_sent = 0
-        self.ended = False
-        self.gone: set[bytes] = set()  # consumers that disappeared mid-run
-        self._drain_deadline = 0.0
+        self.resent = 0
+        self.resent_by: dict[str, int] = {}  # identity of a retired consumer -> frames sent again
+        self.input_done = False  # the stage will submit nothing more
+        self._last_ack_s = time.perf_counter()
 
-    def handle(self) -> None:
-        """Read one credit/ack message from a consumer."""
-        msg = recv_message(self.socket, routed=True)
-        peer = msg.envelope[0]
-        self.credit.setdefault(peer, 0)
-        held = self.in_flight.setdefault(peer, set())
-        if msg.header["type"] in (CREDIT, ACK):
-            self.credit[peer] += int(msg.header.get("n", 0))
-            held.difference_update(msg.header.get("ids", ()))
+    # -- receiving credit and acks ---------------------------------------------------------------
+    def handle(self) -> list[int]:
+        """Read one credit/ack message; returns the frame ids whose slots the consumer released."""
+        try:
+            msg = recv_message(self.socket, token=self.token, routed=True)
+            header = validate(msg.header, LINK_TYPES)
+        except ProtocolError as exc:
+            self.drops.note(exc, "link")
+            return []
+        peer = self._peer(msg.envelope[0])
+        if peer is None:
+            return []
+        if header["type"] == CREDIT:
+            peer.credit += max(0, header["n"])
+            return []
+        if header["to"] != self.identity:
+            return []  # an ack for frames my predecessor sent
+        acked = [i for i in header["ids"] if peer.in_flight.pop(i, None) is not None]
+        peer.credit += len(acked)
+        self._last_ack_s = time.perf_counter()
+        released = set(header.get("release") or ())
+        return [i for i in acked if i in released]
 
+    def _peer(self, identity: bytes) -> Peer | None:
+        parsed = parse_identity(identity)
+        if parsed is None or parsed[0] not in self.consumers:
+            self.drops.note(ProtocolError("stranger", f"message from unexpected peer {identity[:40]!r}"), "link")
+            return None
+        name, incarnation = parsed
+        if incarnation < self.latest.get(name, -1):
+            return None  # an older incarnation, already retired
+        if incarnation > self.latest.get(name, -1):
+            self._retire(name, below=incarnation)
+            self.latest[name] = incarnation
+        peer = self.peers.get(identity)
+        if peer is None:
+            peer = self.peers[identity] = Peer(name, incarnation)
+        return peer
+
+    # -- a consumer that died or hung --------------------------------------------------------------
+    def peer_gone(self, name: str, incarnation: int, final: bool) -> int:
+        """Send again what ``name`` (that incarnation or older) held; returns how many frames."""
+        if name not in self.consumers:
+            return 0
+        if final:
+            self.finished.add(name)
+        self.latest[name] = max(self.latest.get(name, -1), incarnation + 1)
+        return self._retire(name, below=incarnation + 1)
+
+    def _retire(self, name: str, below: int) -> int:
+        count = 0
+        for identity, peer in list(self.peers.items()):
+            if peer.name == name and peer.incarnation < below:
+                frames = [peer.in_flight[i] for i in sorted(peer.in_flight)]
+                self.queue.extendleft(reversed(frames))
+                count += len(frames)
+                if frames:
+                    key = f"{peer.name}.{peer.incarnation}"
+                    self.resent_by[key] = self.resent_by.get(key, 0) + len(frames)
+                del self.peers[identity]
+        self.resent += count
+        return count
+
+    # -- sending -------------------------------------------------------------------------------------
     def has_credit(self) -> bool:
-        return any(c > 0 for c in self.credit.values())
+        return any(p.credit > 0 for p in self.peers.values())
 
-    def send(self, header: dict, arrays=()) -> bytes | None:
-        """Send one frame to the peer with the most credit; returns that peer's identity, or
-        None when the only peers with credit turned out to be gone (the frame was not sent)."""
+    def all_peers_known(self) -> bool:
+        live = {p.name for p in self.peers.values()}
+        return all(name in live or name in self.finished for name in self.consumers)
+
+    def send(self, header: dict, arrays: Sequence[np.ndarray] = ()) -> bytes | None:
+        """Send one frame to the peer with the most credit; returns that peer's identity, or None
+        when the only peers with credit turned out to be gone (the frame was not sent)."""
         if not self.has_credit():
             raise RuntimeError("expected a consumer with credit before sending, got none")
         while self.has_credit():
-            peer = max(self.credit, key=self.credit.__getitem__)
+            identity = max(self.peers, key=lambda k: self.peers[k].credit)
             try:
-                nbytes = send_message(self.socket, {**header, "type": FRAME}, arrays, envelope=[peer])
+                nbytes = send_message(self.socket, {**header, "type": FRAME, "src": self.identity}, arrays,
+                                      token=self.token, envelope=[identity])
                 break
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
-                self._forget(peer)
+                self._forget(identity)
         else:
             return None
-        self.credit[peer] -= 1
-        self.in_flight[peer].add(header["id"])
+        peer = self.peers[identity]
+        peer.credit -= 1
+        peer.in_flight[header["id"]] = (header, list(arrays))
         self.bytes_sent += nbytes
         self.frames_sent += 1
-        return peer
+        return identity
 
-    def _forget(self, peer: bytes) -> None:
-        # A consumer that stopped or died: its unacked frames stay listed in held_by().
-        self.credit.pop(peer, None)
-        self.gone.add(peer)
+    def send_queued(self) -> int:
+        """Send frames waiting to go again, as far as credit allows; returns how many went."""
+        sent = 0
+        while self.queue and self.has_credit():
+            header, arrays = self.queue[0]
+            if self.send(header, arrays) is not None:
+                self.queue.popleft()
+                sent += 1
+        return sent
 
-    def all_peers_known(self) -> bool:
-        return len(self.credit) + len(self.gone) >= self.expected_peers
+    def _forget(self, identity: bytes) -> None:
+        # A consumer that stopped or died: its unacked frames wait for the runner's notice (or
+        # its next incarnation) and then go again.
+        peer = self.peers.get(identity)
+        if peer is not None:
+            peer.credit = 0
 
-    def send_end(self) -> None:
-        for peer in list(self.credit):
-            try:
-                send_message(self.socket, {"type": END}, envelope=[peer])
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
-                    raise
-                self._forget(peer)
-        self.ended = True
-
+    # -- end of stream -----------------------------------------------------------------------------
     def finish(self, log: logging.Logger) -> bool:
-        """Call when nothing more will be sent: sends end-of-stream once every consumer is known,
-        then True once all frames are acked (or, after DRAIN_TIMEOUT_S, with an error logged)."""
-        if not self.ended and self.all_peers_known():
-            self.send_end()
-            self._drain_deadline = time.perf_counter() + DRAIN_TIMEOUT_S
-        if not self.ended:
-            return False
-        if self.pending() == 0 or not self.credit:
+        """Call in every loop once the stage will submit nothing more: sends the frames waiting to
+        go again, then end-of-stream to every consumer; True once everything sent is acked (or
+        when no ack came for DRAIN_TIMEOUT_S, with an error logged)."""
+        self.input_done = True
+        self.send_queued()
+        if self.queue or not self.all_peers_known():
+            return self._gave_up(log)
+        for identity, peer in self.peers.items():
+            if not peer.ended:
+                try:
+                    send_message(self.socket, {"type": END}, token=self.token, envelope=[identity])
+                    peer.ended = True
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EHOSTUNREACH:
+                        raise
+        if self.pending() == 0:
             return True
-        if time.perf_counter() > self._drain_deadline:
-            log.error("no acks for %d frames after %.0f s: %s", self.pending(), DRAIN_TIMEOUT_S, self.held_by())
+        return self._gave_up(log)
+
+    def _gave_up(self, log: logging.Logger) -> bool:
+        if time.perf_counter() - self._last_ack_s > DRAIN_TIMEOUT_S:
+            log.error("no ack for %.0f s with %d frames unacked and %d waiting to go again: %s",
+                      DRAIN_TIMEOUT_S, self.pending(), len(self.queue), self.held_by())
             return True
         return False
 
     def pending(self) -> int:
-        return sum(len(ids) for ids in self.in_flight.values())
+        return sum(len(p.in_flight) for p in self.peers.values())
 
     def held_by(self) -> dict[str, list[int]]:
-        """Frames sent but not yet acked, per consumer: what a dead consumer took with it."""
-        return {peer.decode(): sorted(ids) for peer, ids in self.in_flight.items() if ids}
+        """Frames sent but not yet acked, per consumer incarnation, and those waiting to go again."""
+        held = {f"{p.name}.{p.incarnation}": sorted(p.in_flight) for p in self.peers.values() if p.in_flight}
+        if self.queue:
+            held[self.identity] = sorted(h["id"] for h, _ in self.queue)
+        return held
 
     def close(self) -> None:
         self.socket.close()
@@ -121,42 +235,74 @@ class Downstream:
 class Upstream:
     """The consumer's side: one DEALER per producer, granting credit and acking frames."""
 
-    def __init__(self, ctx: zmq.Context, endpoints: list[str], identity: str, credit_per_producer: int,
-                 hwm: int = 1000):
+    def __init__(self, ctx: zmq.Context, endpoints: Sequence[str], producers: Sequence[str], identity: str,
+                 credit_per_producer: int, wire: Wire, drops: DropCounter, hwm: int = 1000):
+        if len(endpoints) != len(producers):
+            raise ValueError(f"expected one producer name per endpoint, got {len(producers)} for {len(endpoints)}")
         self.sockets = []
         for endpoint in endpoints:
-            socket = make_socket(ctx, zmq.DEALER, sndhwm=hwm, rcvhwm=hwm, identity=identity.encode())
+            socket = make_socket(ctx, zmq.DEALER, sndhwm=hwm, rcvhwm=hwm, identity=identity.encode(),
+                                 curve=wire.curve)
             socket.connect(endpoint)
             self.sockets.append(socket)
+        self.producers = list(producers)
+        self.token = wire.token
+        self.drops = drops
         self.credit_per_producer = credit_per_producer
-        self.origin: dict[int, int] = {}  # frame id -> index of the producer it came from
+        self.origin: dict[int, tuple[int, str]] = {}  # frame id -> (producer index, producer identity)
         self.ended = [False] * len(self.sockets)
         self.bytes_received = 0
         self.frames_received = 0
 
     def start(self) -> None:
         for socket in self.sockets:
-            send_message(socket, {"type": CREDIT, "n": self.credit_per_producer})
+            send_message(socket, {"type": CREDIT, "n": self.credit_per_producer}, token=self.token)
 
     def receive(self, socket: zmq.Socket) -> Message | None:
-        """A frame from ``socket``'s producer, or None for its end-of-stream."""
+        """A frame from ``socket``'s producer; None for its end-of-stream or a bad message."""
         index = self.sockets.index(socket)
-        msg = recv_message(socket)
+        try:
+            msg = recv_message(socket, token=self.token)
+            validate(msg.header, UPSTREAM_TYPES)
+        except ProtocolError as exc:
+            self.drops.note(exc, "link")
+            return None
         if msg.header["type"] == END:
             self.ended[index] = True
             return None
-        self.origin[msg.header["id"]] = index
+        self.origin[msg.header["id"]] = (index, msg.header["src"])
         self.bytes_received += msg.nbytes
         self.frames_received += 1
         return msg
 
-    def ack(self, frame_id: int) -> None:
-        """The frame has been passed on: free its producer's ledger entry and return the credit."""
-        index = self.origin.pop(frame_id)
-        send_message(self.sockets[index], {"type": ACK, "ids": [frame_id], "n": 1})
+    def ack(self, frame_id: int, release: bool = False) -> None:
+        """The frame has been passed on: free its producer's ledger entry, return the credit, and
+        with ``release`` give its shared-memory slot back too (this stage was its last reader)."""
+        origin = self.origin.pop(frame_id, None)
+        if origin is None:
+            return
+        index, source = origin
+        header = {"type": ACK, "ids": [frame_id], "n": 1, "to": source, "release": [frame_id] if release else []}
+        try:
+            send_message(self.sockets[index], header, token=self.token, flags=zmq.NOBLOCK)
+        except zmq.Again:  # that producer is gone and its queue is full: the ack has no reader
+            pass
+
+    def producer_gone(self, name: str, final: bool) -> None:
+        """A producer died: its next incarnation needs credit and will send end-of-stream again;
+        one gone for good has ended."""
+        if name not in self.producers:
+            return
+        index = self.producers.index(name)
+        self.ended[index] = final
+        if not final:
+            send_message(self.sockets[index], {"type": CREDIT, "n": self.credit_per_producer}, token=self.token)
 
     def all_ended(self) -> bool:
         return all(self.ended)
+
+    def held(self) -> list[int]:
+        return sorted(self.origin)
 
     def close(self) -> None:
         for socket in self.sockets:

@@ -1,73 +1,163 @@
-"""Postprocess stage: NMS on the candidate rows, boxes back to original pixels, draw and save
-the annotated image when this frame is one to keep, and send the detections to the collector."""
+"""Postprocess stage: NMS on the candidate rows, boxes back to original pixels, draw and save the
+annotated image when this frame is one to keep (its original read from the preprocess worker's
+shared-memory slot, which this stage then gives back), and send the detections to the collector.
+
+A full disk stops image saving with one logged error: frames are still detected and counted."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
+import cv2
+import numpy as np
 import torch
 import zmq
 
-from workers.lifecycle import Clock, Control, StageArgs, poll, set_thread_counts, setup_logging, worker_stats
+from analysis.samples import Samples
+from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
+                               setup_logging, test_slowdown_ms, worker_stats)
 from workers.links import Upstream
-from workers.transport import make_socket, send_message
-from yolo.detect import annotated_name, detection_records, final_detections, save_image
+from workers.messages import FAILED, RELEASE, RESULT
+from workers.slots import SlotError, SlotViews
+from workers.transport import DropCounter, make_socket, send_message
+from yolo.detect import annotated_name, detection_records, final_detections
 from yolo.draw import draw_detections
 from yolo.letterbox import LetterboxInfo
 
 POLL_TIMEOUT_MS = 100
+JPEG_QUALITY = 95  # OpenCV's default, as imwrite uses
 
 
-def postprocess(msg, opts, names, images_dir: str, substages: dict, measured: bool) -> dict:
+class ImageSaver:
+    """Encodes and writes annotated images; a full disk turns saving off for the rest of the run."""
+
+    def __init__(self, images_dir: str, log):
+        self.images_dir = images_dir
+        self.log = log
+        self.error: str | None = None
+        self.saved = 0
+
+    def save(self, name: str, image: np.ndarray) -> bool:
+        if self.error is not None:
+            return False
+        path = os.path.join(self.images_dir, name)
+        ext = os.path.splitext(path)[1].lower() or ".jpg"
+        ok, encoded = cv2.imencode(ext, image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY] if ext in (".jpg", ".jpeg")
+                                   else [])
+        if not ok:
+            raise OSError(f"cannot encode image as {ext}: {name}")
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(encoded.data)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise
+            self._stop_saving(path, exc)
+            return False
+        self.saved += 1
+        return True
+
+    def _stop_saving(self, path: str, exc: OSError) -> None:
+        try:
+            os.unlink(path)  # never leave a truncated image behind
+        except OSError:
+            pass
+        self.error = f"{os.strerror(exc.errno)} writing {path}: image saving stopped, detections go on"
+        self.log.info("%s", self.error)  # the collector reports it once for the whole run
+
+
+class Returns:
+    """Gives shared-memory slots back to the preprocess worker that lent them."""
+
+    def __init__(self, ctx: zmq.Context, args: StageArgs):
+        self.token = args.wire.token
+        self.sockets = {}
+        for i, endpoint in enumerate(args.endpoints.pre_returns):
+            socket = make_socket(ctx, zmq.PUSH, linger_ms=0, sndhwm=1000, curve=args.wire.curve)
+            socket.connect(endpoint)
+            self.sockets[f"pre-{i}"] = socket
+
+    def release(self, header: dict) -> None:
+        ref = header["px"].get("orig") or header["px"].get("lb")
+        socket = self.sockets.get(header.get("pre"))
+        if not isinstance(ref, dict) or "seg" not in ref or socket is None:
+            return
+        try:
+            send_message(socket, {"type": RELEASE, "seg": ref["seg"], "items": [[ref["slot"], header["id"]]]},
+                         token=self.token, flags=zmq.NOBLOCK)
+        except zmq.Again:  # that worker is gone: its ring went with it
+            pass
+
+    def close(self) -> None:
+        for socket in self.sockets.values():
+            socket.close()
+
+
+def postprocess(msg, views: SlotViews, opts, names, saver: ImageSaver, substages: dict, measured: bool) -> dict:
     h = msg.header
     t_start = time.perf_counter()
     info = LetterboxInfo(ratio=h["ratio"], pad=tuple(h["pad"]), original_shape=tuple(h["orig_shape"]),
                          shape=tuple(h["lb_shape"]))
-    dets = final_detections(torch.from_numpy(msg.arrays[0].copy()), info, opts)
+    candidates = views.array(h["px"]["cands"], msg.arrays)
+    if candidates.dtype != np.float32 or candidates.ndim != 2 or candidates.shape[1] != 6:
+        raise SlotError(f"expected float32 candidates of shape (K, 6), got {candidates.dtype} {candidates.shape}")
+    dets = final_detections(torch.from_numpy(candidates.copy()), info, opts)
     t_nms = time.perf_counter()
     saved = False
     t_draw = t_nms
-    if h["keep_image"] and len(msg.arrays) > 1:
-        image = msg.arrays[1].copy()  # received buffers are read-only
+    orig = h["px"].get("orig")
+    if h["keep_image"] and orig is not None:
+        image = np.array(views.array(orig, msg.arrays))  # a copy: the slot stays as it was if we die
+        if image.ndim != 3 or image.shape[:2] != info.original_shape:
+            raise SlotError(f"expected the original of shape {info.original_shape}, got {image.shape}")
         draw_detections(image, dets, names, inplace=True)
         t_draw = time.perf_counter()
-        save_image(os.path.join(images_dir, annotated_name(h["name"], h["cycle"])), image)
-        saved = True
+        saved = saver.save(annotated_name(h["name"], h["cycle"]), image)
     t_end = time.perf_counter()
-    if measured:
-        substages["nms"].append((t_nms - t_start) * 1e3)
+    if measured and not h.get("cold"):
+        substages["nms"].add((t_nms - t_start) * 1e3)
         if saved:
-            substages["draw"].append((t_draw - t_nms) * 1e3)
-            substages["save"].append((t_end - t_draw) * 1e3)
-    result = {"type": "result", "id": h["id"], "name": h["name"], "batch": h["batch"],
-              "t": {**h["t"], "post_start": t_start, "post_end": t_end}, "image_saved": saved,
-              "detections": detection_records(dets, h["name"], h["id"], names)}
-    return result
+            substages["draw"].add((t_draw - t_nms) * 1e3)
+            substages["save"].add((t_end - t_draw) * 1e3)
+    return {"type": RESULT, "id": h["id"], "name": h["name"], "batch": h["batch"], "cold": bool(h.get("cold")),
+            "t": {**h["t"], "post_start": t_start, "post_end": t_end}, "image_saved": saved,
+            "image_error": saver.error, "detections": detection_records(dets, h["name"], h["id"], names)}
 
 
 def run(args: StageArgs) -> None:
+    enter_process(args)
     threads = set_thread_counts(args.torch_threads, args.opencv_threads)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg = args.config
     opts = cfg.detect_options()
     names = list(args.names)
-    images_dir = os.path.join(args.run_dir, "images")
+    drops = DropCounter(log)
     ctx = zmq.Context()
-    control = Control(ctx, args.endpoints.control, args.parent_pid)
-    frames_in = Upstream(ctx, list(args.endpoints.infer), args.name, credit_per_producer=cfg.prefetch)
-    results_out = make_socket(ctx, zmq.PUSH)
+    control = Control(ctx, args, drops)
+    heartbeat = Heartbeat(ctx, args)
+    n_infer = len(args.endpoints.infer)
+    frames_in = Upstream(ctx, list(args.endpoints.infer), [f"infer-{i}" for i in range(n_infer)], args.identity,
+                         cfg.prefetch, args.wire, drops)
+    results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
     results_out.connect(args.endpoints.collector)
+    returns = Returns(ctx, args)
+    views = SlotViews(args.run_tag)
+    saver = ImageSaver(os.path.join(args.run_dir, "images"), log)
     poller = zmq.Poller()
-    for socket in frames_in.sockets:
+    for socket in frames_in.sockets + [control.socket]:
         poller.register(socket, zmq.POLLIN)
-    poller.register(control.socket, zmq.POLLIN)
-    clock = Clock()
-    substages = {"nms": [], "draw": [], "save": []}
+    clock, slow_ms = Clock(), test_slowdown_ms("post")
+    substages = {"nms": Samples(), "draw": Samples(), "save": Samples()}
     frames = bytes_out = 0
     frames_in.start()
     try:
         while not control.check() and not frames_in.all_ended():
+            heartbeat.tick()
+            for notice in control.take_gone():
+                frames_in.producer_gone(notice["name"], notice["final"])
             events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=False)
             for socket in frames_in.sockets:
                 if socket not in events:
@@ -75,32 +165,37 @@ def run(args: StageArgs) -> None:
                 msg = frames_in.receive(socket)
                 if msg is None:
                     continue
-                t0 = time.perf_counter()
-                measured = msg.header["id"] >= cfg.warmup
-                try:
-                    result = postprocess(msg, opts, names, images_dir, substages, measured)
-                    result["workers"] = {"pre": msg.header.get("pre"), "infer": msg.header.get("infer"),
-                                         "post": args.name}
-                    bytes_out += send_message(results_out, result)
-                except Exception as exc:  # one bad frame must not take the stage down
-                    log.exception("frame %d failed in postprocess", msg.header["id"])
-                    send_message(results_out, {"type": "failed", "id": msg.header["id"], "name": msg.header["name"],
-                                               "stage": "post", "worker": args.name, "reason": repr(exc)})
-                frames_in.ack(msg.header["id"])
-                elapsed = time.perf_counter() - t0
-                clock.busy_s += elapsed
-                if measured:
-                    clock.frame_ms.append(elapsed * 1e3)
+                h = msg.header
+                measured = h["id"] >= cfg.warmup
+                with clock.busy() as spent:
+                    try:
+                        result = postprocess(msg, views, opts, names, saver, substages, measured)
+                        burn_cpu(slow_ms)
+                        result["workers"] = {"pre": h.get("pre"), "infer": h.get("infer"), "post": args.name}
+                        bytes_out += send_message(results_out, result, token=args.wire.token)
+                    except Exception as exc:  # one bad frame must not take the stage down
+                        log.exception("frame %d failed in postprocess", h["id"])
+                        send_message(results_out, {"type": FAILED, "id": h["id"], "name": h["name"], "stage": "post",
+                                                   "worker": args.name, "reason": repr(exc)}, token=args.wire.token)
+                    if h.get("release_by") == "post":
+                        returns.release(h)
+                    frames_in.ack(h["id"])
+                if measured and not h.get("cold"):
+                    clock.add_frames(*spent, frames=1)
                 frames += 1
             if control.socket in events:
                 control.handle()
         if control.stop_reason:
             log.info("stopping: %s", control.stop_reason)
         send_message(results_out, worker_stats(
-            args.name, "post", "cpu", threads, clock, frames, bytes_in=frames_in.bytes_received,
-            bytes_out=bytes_out, messages_in=frames_in.frames_received, messages_out=frames,
-            substages_ms=substages, link="post->collector"))
+            args, "post", threads, clock, frames, drops, bytes_in=frames_in.bytes_received, bytes_out=bytes_out,
+            messages_in=frames_in.frames_received, messages_out=frames, link="post->collector",
+            substages_ms={k: v.to_dict() for k, v in substages.items()}, held=frames_in.held(),
+            images_saved=saver.saved, image_error=saver.error), token=args.wire.token)
     finally:
+        heartbeat.close()
+        views.close()
+        returns.close()
         frames_in.close()
         results_out.close()
         control.close()

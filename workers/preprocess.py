@@ -1,5 +1,6 @@
-"""Source + preprocess stage: read this worker's share of the frames, decode, letterbox, and
-hand uint8 images to the inference pool within the credit each inference worker granted."""
+"""Source + preprocess stage: read this worker's share of the frames, decode, letterbox, put the
+pixels in a shared-memory slot of its own ring, and hand slot references to the inference pool
+within the credit each inference worker granted. Imports no torch."""
 
 from __future__ import annotations
 
@@ -8,88 +9,170 @@ import time
 import numpy as np
 import zmq
 
-from workers.lifecycle import Clock, Control, StageArgs, poll, set_thread_counts, setup_logging, worker_stats
+from analysis.samples import Samples
+from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
+                               setup_logging, test_slowdown_ms, worker_stats)
 from workers.links import Downstream
-from workers.transport import make_socket, send_message
+from workers.messages import FAILED, RELEASE, validate
+from workers.slots import SlotRing, segment_name
+from workers.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
 from yolo.letterbox import bgr_to_rgb_chw, letterbox
 from yolo.sources import FrameReader, FrameReadError
 
 POLL_TIMEOUT_MS = 100
 LETTERBOX_STRIDE = 32  # the max stride of every YOLOv5 P5 model; inference checks its model agrees
+RETURNS_TYPES = frozenset({RELEASE})
 
 
-def prepare(reader: FrameReader, ref, cfg, stride: int, keep_original: bool, worker: str
-            ) -> tuple[dict, list[np.ndarray]]:
+def prepare(reader: FrameReader, ref, cfg, keep_original: bool) -> tuple[dict, list[np.ndarray]]:
+    """Read and letterbox one frame: its header (geometry and timestamps) and its arrays
+    (letterboxed RGB CHW uint8, then the BGR original when the image will be drawn)."""
     t_read = time.perf_counter()
     image = reader.read(ref)
     t_decoded = time.perf_counter()
-    boxed, info = letterbox(image, cfg.imgsz, stride, rect=cfg.rect)
+    boxed, info = letterbox(image, cfg.imgsz, LETTERBOX_STRIDE, rect=cfg.rect)
+    chw = bgr_to_rgb_chw(boxed)  # the model's channel order, made here where it is cheapest
     t_done = time.perf_counter()
     header = {"id": ref.frame_id, "name": ref.name, "cycle": ref.cycle, "ratio": info.ratio,
               "pad": list(info.pad), "orig_shape": list(info.original_shape), "lb_shape": list(boxed.shape[:2]),
-              "keep_image": keep_original, "pre": worker,
-              "t": {"read_start": t_read, "read_end": t_decoded, "pre_end": t_done}}
-    chw = bgr_to_rgb_chw(boxed)  # the model's channel order, made here where it is cheapest
-    header["t"]["pre_end"] = time.perf_counter()
+              "keep_image": keep_original, "t": {"read_start": t_read, "read_end": t_decoded, "pre_end": t_done}}
     return header, [chw, image] if keep_original else [chw]
 
 
+class FramesOut:
+    """Puts a prepared frame's arrays in a slot of this worker's ring (or in the message when
+    there is no ring, or the frame is larger than a slot) and takes slots back on release."""
+
+    def __init__(self, args: StageArgs):
+        self.ring = None
+        if args.slot_bytes:
+            self.ring = SlotRing(segment_name(args.run_tag, args.name, args.incarnation), args.slot_bytes,
+                                 args.slot_count)
+
+    def has_room(self) -> bool:
+        return self.ring is None or self.ring.free_slots() > 0
+
+    def pack(self, header: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
+        if self.ring is None:
+            refs, inline = [{"inline": i} for i in range(len(arrays))], arrays
+        else:
+            slot = self.ring.acquire(header["id"])
+            refs, inline = self.ring.store(slot, arrays)
+        header["px"] = {"lb": refs[0], "orig": refs[1] if len(refs) > 1 else None}
+        return header, inline
+
+    def release(self, frame_id: int) -> None:
+        if self.ring is not None:
+            self.ring.release_frame(frame_id)
+
+    def release_items(self, header: dict) -> None:
+        if self.ring is None or header["seg"] != self.ring.name:
+            return  # my predecessor's slots, or a stranger's message
+        for item in header["items"]:
+            if isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) for v in item):
+                self.ring.release(item[0], item[1])
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+
+
 def run(args: StageArgs) -> None:
-    threads = set_thread_counts(args.torch_threads, args.opencv_threads)
+    enter_process(args)
+    threads = set_thread_counts(args.torch_threads, args.opencv_threads, use_torch=False)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg, plan = args.config, args.plan
+    drops = DropCounter(log)
     ctx = zmq.Context()
-    control = Control(ctx, args.endpoints.control, args.parent_pid)
-    frames_out = Downstream(ctx, args.endpoints.pre[args.index], expected_peers=len(args.endpoints.infer))
-    results_out = make_socket(ctx, zmq.PUSH)
+    control = Control(ctx, args, drops)
+    heartbeat = Heartbeat(ctx, args)
+    consumers = [f"infer-{i}" for i in range(len(args.endpoints.infer))]
+    frames_out = Downstream(ctx, args.endpoints.pre[args.index], consumers, args.identity, args.wire, drops)
+    returns_in = make_socket(ctx, zmq.PULL, curve=args.wire.curve, curve_server=True)
+    returns_in.bind(args.endpoints.pre_returns[args.index])
+    results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
     results_out.connect(args.endpoints.collector)
+    slots = FramesOut(args)
     poller = zmq.Poller()
-    poller.register(frames_out.socket, zmq.POLLIN)
-    poller.register(control.socket, zmq.POLLIN)
-    clock, stride, save_every = Clock(), LETTERBOX_STRIDE, cfg.save_every
-    read_ms, letterbox_ms, sent = [], [], 0
+    for socket in (frames_out.socket, returns_in, control.socket):
+        poller.register(socket, zmq.POLLIN)
+    clock, save_every, slow_ms = Clock(), args.config.save_every, test_slowdown_ms("pre")
+    substages, sent = {"read": Samples(), "letterbox": Samples()}, 0
+    ids = plan.worker_ids(args.index, len(args.endpoints.pre))
+    position = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
+    release_by = "post" if save_every else "infer"
     try:
-        ids = iter(plan.worker_ids(args.index, len(args.endpoints.pre)))
         ready = None  # a prepared frame waiting for credit
         with FrameReader() as reader:
             while not control.check():
-                if ready is None and frames_out.all_peers_known():
-                    frame_id = next(ids, None)
-                    if frame_id is not None:
-                        ref = plan.ref(frame_id)
-                        t0 = time.perf_counter()
+                heartbeat.tick()
+                for notice in control.take_gone():
+                    frames_out.peer_gone(notice["name"], notice["incarnation"], notice["final"])
+                frames_out.send_queued()
+                more = position < len(ids) and not control.draining()
+                if ready is None and more and frames_out.all_peers_known() and slots.has_room():
+                    frame_id = ids[position]
+                    ref = plan.ref(frame_id)
+                    keep = save_every > 0 and frame_id % save_every == 0
+                    with clock.busy() as spent:
                         try:
-                            ready = prepare(reader, ref, cfg, stride, save_every > 0 and frame_id % save_every == 0, args.name)
+                            header, arrays = prepare(reader, ref, cfg, keep)
+                            burn_cpu(slow_ms)
+                            header.update(pre=args.name, release_by=release_by if keep else "infer")
+                            ready = slots.pack(header, arrays)
                         except FrameReadError as exc:
                             log.warning("frame %d (%s) failed: %s", frame_id, ref.name, exc)
-                            send_message(results_out, {"type": "failed", "id": frame_id, "name": ref.name,
-                                                       "stage": "pre", "worker": args.name, "reason": str(exc)})
-                        clock.busy_s += time.perf_counter() - t0
-                        if ready is not None and frame_id >= cfg.warmup:
-                            t = ready[0]["t"]
-                            read_ms.append((t["read_end"] - t["read_start"]) * 1e3)
-                            letterbox_ms.append((t["pre_end"] - t["read_end"]) * 1e3)
-                            clock.frame_ms.append((t["pre_end"] - t["read_start"]) * 1e3)
-                        continue
+                            send_message(results_out, {"type": FAILED, "id": frame_id, "name": ref.name,
+                                                       "stage": "pre", "worker": args.name, "reason": str(exc)},
+                                         token=args.wire.token)
+                            position += 1
+                    if ready is not None and frame_id >= cfg.warmup:
+                        t = ready[0]["t"]
+                        substages["read"].add((t["read_end"] - t["read_start"]) * 1e3)
+                        substages["letterbox"].add((t["pre_end"] - t["read_end"]) * 1e3)
+                        clock.add_frames(*spent, frames=1)
+                    heartbeat.position = position
+                    continue
                 if ready is not None and frames_out.has_credit():
                     if frames_out.send(*ready) is not None:  # else its consumer is gone: try another
                         sent += 1
+                        position += 1
+                        heartbeat.position = position
                         ready = None
                     continue
-                if ready is None and frames_out.finish(log):  # every id read and sent
+                if ready is None and not more and frames_out.finish(log):
                     break
-                events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=ready is not None)
+                events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=ready is not None or not slots.has_room())
                 if frames_out.socket in events:
-                    frames_out.handle()
+                    for frame_id in frames_out.handle():
+                        slots.release(frame_id)
+                if returns_in in events:
+                    _take_returns(returns_in, slots, args, drops)
                 if control.socket in events:
                     control.handle()
-        if control.stop_reason:
-            log.info("stopping: %s", control.stop_reason)
+        if control.stop_reason or control.drain_reason:
+            log.info("stopping: %s", control.stop_reason or control.drain_reason)
         send_message(results_out, worker_stats(
-            args.name, "pre", "cpu", threads, clock, sent, bytes_out=frames_out.bytes_sent, messages_out=sent,
-            substages_ms={"read": read_ms, "letterbox": letterbox_ms}, link="pre->infer"))
+            args, "pre", threads, clock, sent, drops, bytes_out=frames_out.bytes_sent, messages_out=sent,
+            substages_ms={k: v.to_dict() for k, v in substages.items()}, link="pre->infer",
+            position=position, share=len(ids), held_by=frames_out.held_by(), resent=frames_out.resent_by,
+            inline_arrays=slots.ring.inline_arrays if slots.ring else 0), token=args.wire.token)
     finally:
-        frames_out.close()
+        heartbeat.close()
+        slots.close()
+        for closable in (frames_out, control):
+            closable.close()
+        returns_in.close()
         results_out.close()
-        control.close()
         ctx.term()
+
+
+def _take_returns(returns_in: zmq.Socket, slots: FramesOut, args: StageArgs, drops: DropCounter) -> None:
+    while returns_in.poll(0):
+        try:
+            header = validate(recv_message(returns_in, token=args.wire.token).header, RETURNS_TYPES)
+        except ProtocolError as exc:
+            drops.note(exc, "returns")
+            continue
+        slots.release_items(header)
+

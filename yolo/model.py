@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from yolo.names import default_names
+from yolo.presets import PRESETS
 from yolo.timing import timed
 
 log = logging.getLogger(__name__)
@@ -247,10 +248,6 @@ _HEAD = [
     [-1, 1, "Conv", [512, 3, 2]], [[-1, 10], 1, "Concat", [1]], [-1, 3, "C3", [1024, False]],
     [[17, 20, 23], 1, "Detect", ["nc", "anchors"]],
 ]
-PRESETS: dict[str, tuple[float, float]] = {  # name -> (depth_multiple, width_multiple)
-    "yolov5n": (0.33, 0.25), "yolov5s": (0.33, 0.50), "yolov5m": (0.67, 0.75),
-    "yolov5l": (1.0, 1.0), "yolov5x": (1.33, 1.25),
-}
 
 
 @dataclass

@@ -1,0 +1,174 @@
+"""Everything checked and decided before any process starts, so a bad value is an error naming it
+(exit 2) instead of a worker that dies after start-up: worker counts, devices, the weights file
+and its class names, the frame plan, the results folder, and the size of the frame slots."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+from workers.config import ConfigError, RunConfig
+from yolo.presets import MODEL_FREE, PRESETS
+
+LETTERBOX_CHANNELS = 3
+DEFAULT_ORIGINAL_HW = (1080, 1920)  # slot size for originals when the source's largest is unknown
+PROBED_FILES = 64  # image headers read to size the slots
+MAX_SLOT_ORIGINAL_PIXELS = 3840 * 2160  # a larger original travels in its message instead
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int
+    device_type: str  # "cpu" | "cuda"
+    bf16: bool  # the CPU has native bfloat16 (avx512_bf16 or amx_bf16)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
+    """Fill the automatic counts and check devices, preset and weights; returns the resolved
+    config, the machine, and the class names. torch is imported only for CUDA or weights."""
+    specs = [s.strip() for s in cfg.device.split(",") if s.strip()]
+    if not specs:
+        raise ConfigError(f"config device: expected cpu, cuda, cuda:N or a list, got {cfg.device!r}")
+    on_cuda = any(s.startswith("cuda") for s in specs)
+    if on_cuda:
+        from yolo.devices import resolve_device
+        try:
+            devices = [str(resolve_device(s)) for s in specs]
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if any(not d.startswith("cuda") for d in devices):
+            raise ConfigError(f"config device: expected all CPU or all CUDA devices, got {cfg.device!r}")
+    elif specs != ["cpu"]:
+        raise ConfigError(f"config device: expected cpu, cuda, cuda:N or a list of cuda devices, got {cfg.device!r}")
+    else:
+        devices = ["cpu"]
+    machine = Machine(cores=os.cpu_count() or 1, device_type="cuda" if on_cuda else "cpu",
+                      bf16=bool({"avx512_bf16", "amx_bf16"} & cpu_flags()))
+    if cfg.preset not in PRESETS and cfg.preset != MODEL_FREE:
+        raise ConfigError(f"config preset: expected one of {sorted(PRESETS)} or {MODEL_FREE!r}, got {cfg.preset!r}")
+    if cfg.half and not on_cuda and not machine.bf16:
+        raise ConfigError("config half: --half on a CPU means bfloat16, which needs the avx512_bf16 or amx_bf16 "
+                          "instructions; this CPU has neither, so bf16 would run emulated, far slower than fp32")
+    names = _class_names(cfg)
+    cores = machine.cores
+    workers = cfg.workers or cores
+    infer = cfg.infer_workers or (len(devices) if on_cuda else cores)
+    resolved = dataclasses.replace(cfg, classes=tuple(cfg.classes), workers=workers,
+                                   pre_workers=cfg.pre_workers or workers, post_workers=cfg.post_workers or workers,
+                                   infer_workers=infer, infer_threads=cfg.infer_threads or 1, devices=tuple(devices))
+    return resolved, machine, names
+
+
+def _class_names(cfg: RunConfig) -> tuple[str, ...]:
+    from yolo.names import default_names
+    if not cfg.weights:
+        return tuple(default_names(80))
+    if not os.path.isfile(cfg.weights):
+        raise ConfigError(f"config weights: expected a checkpoint file, got {cfg.weights!r} (no such file)")
+    from yolo.checkpoint import CheckpointError, read_checkpoint  # imports torch: only with a weights file
+    try:
+        return tuple(read_checkpoint(cfg.weights).names)
+    except CheckpointError as exc:
+        raise ConfigError(f"config weights: {exc}") from None
+
+
+def check_results_dir(results: str) -> None:
+    """The folder of run folders must exist (or be creatable) and be writable, checked now."""
+    if os.path.exists(results) and not os.path.isdir(results):
+        raise ConfigError(f"config results: expected a folder, got a file: {results!r}")
+    try:
+        os.makedirs(results, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=results, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        reason = "read-only file system" if exc.errno == errno.EROFS else exc.strerror
+        raise ConfigError(f"config results: cannot write run folders in {results!r} ({reason})") from None
+
+
+def make_run_dir(results: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_id, n = stamp, 1
+    while True:
+        try:
+            os.makedirs(os.path.join(results, run_id, "images"))
+            break
+        except FileExistsError:
+            n += 1
+            run_id = f"{stamp}-{n}"
+    return os.path.join(results, run_id)
+
+
+def point_latest(run_dir: str) -> None:
+    """``results/latest`` -> this run; called only once its report exists."""
+    results, run_id = os.path.split(os.path.normpath(run_dir))
+    latest = os.path.join(results, "latest")
+    if os.path.exists(latest) and not os.path.islink(latest):
+        return  # a real file or folder of the user's: leave it
+    tmp = latest + ".tmp"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(run_id, tmp)
+    os.replace(tmp, latest)
+
+
+def slot_plan(cfg: RunConfig, plan) -> tuple[int, int]:
+    """(bytes per slot, slots per preprocess worker); (0, 0) on tcp, where pixels travel in the
+    message. A slot holds the letterboxed frame and, when images are saved, the original."""
+    if cfg.transport != "ipc":
+        return 0, 0
+    lb_bytes = LETTERBOX_CHANNELS * cfg.imgsz * cfg.imgsz
+    original = _largest_frame_hw(plan) if cfg.save_every else (0, 0)
+    original_pixels = min(original[0] * original[1], MAX_SLOT_ORIGINAL_PIXELS)
+    slot_bytes = _aligned(lb_bytes) + _aligned(original_pixels * 3)
+    credit_per_producer = max(1, math.ceil(cfg.batch_size * cfg.prefetch / cfg.pre_workers))
+    at_inference = cfg.infer_workers * credit_per_producer + cfg.batch_size
+    at_postprocess = math.ceil(cfg.post_workers * cfg.prefetch * cfg.infer_workers / cfg.pre_workers)
+    return slot_bytes, at_inference + at_postprocess + 2
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + 63) // 64 * 64
+
+
+def _largest_frame_hw(plan) -> tuple[int, int]:
+    if plan.kind == "synthetic":
+        from yolo.sources import SYNTHETIC_SHAPES
+        return max(SYNTHETIC_SHAPES, key=lambda hw: hw[0] * hw[1])
+    if plan.kind == "video":
+        import cv2
+        capture = cv2.VideoCapture(plan.items[0])
+        try:
+            return int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)), int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
+        finally:
+            capture.release()
+    sizes = [_image_hw(path) for path in plan.items[:PROBED_FILES]]
+    sizes = [s for s in sizes if s is not None]
+    return max(sizes + [DEFAULT_ORIGINAL_HW], key=lambda hw: hw[0] * hw[1])
+
+
+def _image_hw(path: str) -> tuple[int, int] | None:
+    from PIL import Image
+    try:
+        with Image.open(path) as image:  # reads the header only
+            return image.height, image.width
+    except Exception:  # noqa: BLE001 - any unreadable file is sized by the default; pre reports it
+        return None

@@ -1,0 +1,363 @@
+"""One run of the pipeline, from a checked configuration to an outcome with an exit code.
+
+The runner starts the stages, then watches: progress from the collector, a heartbeat from every
+process, exits, and its own signals. A preprocess, inference or postprocess worker that dies or
+stops answering is killed, the others are told (they send its frames again to the survivors or
+to its next incarnation), and it is restarted, a bounded number of times per stage. Ctrl-C or
+SIGTERM drains the run: no new frames are read, those in flight finish, a partial report is
+written; a second one stops at once. Whatever happens, every process, socket file, shared-memory
+segment and temporary folder of the run is gone when this returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from supervisor.console import Console, ConsoleHandler
+from supervisor.health import Health
+from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
+from supervisor.processes import Launcher, role_of
+from supervisor.signals import Interrupts
+from workers.config import RunConfig
+from workers.lifecycle import LOG_FORMAT, StageArgs, Wire, make_endpoints
+from workers.messages import DRAIN, FINISHED, HEARTBEAT, PEER_GONE, PROGRESS, STOP, validate
+from workers.slots import remove_segments, remove_stale_segments
+from workers.transport import REPORT_LIMITS, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
+
+log = logging.getLogger("runner")
+
+POLL_TIMEOUT_MS = 100
+NOTICE_RESEND_S = 1.0  # PUB/SUB may drop a message to a late subscriber: repeat drain/stop
+DRAIN_TIMEOUT_S = 5.0  # after Ctrl-C/SIGTERM: frames in flight get this long to finish
+STOP_GIVE_UP_S = 15.0  # after a stop, wait this long for the collector's report, then end it all
+STALL_TIMEOUT_S = 300.0  # no frame finished for this long while all processes live and answer
+
+EXIT_OK = 0
+EXIT_ABORTED = 1
+EXIT_USAGE = 2
+EXIT_FRAMES_FAILED = 3
+EXIT_OUTPUT_INCOMPLETE = 4
+
+
+class UsageError(ValueError):
+    """Found while setting the run up (a port in use): exit code 2, nothing started."""
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    run_dir: str | None
+    summary: dict | None = None
+    reason: str | None = None
+    report_written: bool = False
+    restarts: list = field(default_factory=list)
+
+
+class Watch:
+    """The runner's state while the run goes: its phase, why it is stopping, what it restarted."""
+
+    def __init__(self, cfg: RunConfig, launcher: Launcher, health: Health, control_out, token: bytes,
+                 interrupts: Interrupts, console: Console):
+        self.cfg, self.launcher, self.health = cfg, launcher, health
+        self.control_out, self.token = control_out, token
+        self.interrupts, self.console = interrupts, console
+        self.phase = "running"  # running -> draining -> stopping -> done
+        self.phase_since = time.perf_counter()
+        self.reason: str | None = None
+        self.aborted = False
+        self.kill_all = False  # end every process at once instead of letting them report
+        self.finished: dict | None = None
+        self.restarts: dict[str, int] = {}
+        self.restart_log: list[dict] = []
+        self.seen_interrupts = 0
+        self.last_notice_s = 0.0
+        self.last_done, self.last_change_s = -1, time.perf_counter()
+
+    # -- notices to every process ------------------------------------------------------------------
+    def broadcast(self, header: dict) -> None:
+        send_message(self.control_out, header, token=self.token)
+
+    def enter(self, phase: str, reason: str) -> None:
+        if ["running", "draining", "stopping", "done"].index(phase) <= ["running", "draining", "stopping",
+                                                                         "done"].index(self.phase):
+            return
+        self.phase, self.phase_since = phase, time.perf_counter()
+        self.reason = self.reason or reason
+        self.last_notice_s = 0.0
+
+    def repeat_notice(self) -> None:
+        now = time.perf_counter()
+        if self.phase in ("draining", "stopping") and now - self.last_notice_s > NOTICE_RESEND_S:
+            self.broadcast({"type": DRAIN if self.phase == "draining" else STOP, "reason": self.reason})
+            self.last_notice_s = now
+
+    # -- deaths, hangs, signals ----------------------------------------------------------------------
+    def on_exit(self, name: str, code: int) -> None:
+        self.launcher.forget(name)
+        self.health.forget(name)
+        if code == 0:
+            return
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        self.on_death(name, f"{name} {how}", signal.Signals(-code).name if code < 0 else None, code)
+
+    def on_stuck(self, name: str, why: str) -> None:
+        self.launcher.kill(name)
+        self.launcher.forget(name)
+        self.health.forget(name)
+        self.on_death(name, f"{why}: killed it", "SIGKILL", -signal.SIGKILL)
+
+    def on_death(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
+        role = role_of(name)
+        if role == "collector":
+            self.aborted = self.kill_all = True
+            log.error("%s: the run cannot go on without its collector, and no report can be written", reason)
+            self.enter("done", reason)
+            return
+        incarnation = self.launcher.incarnation(name)
+        can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
+        self.broadcast({"type": PEER_GONE, "name": name, "incarnation": incarnation, "final": not can_restart,
+                        "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter()})
+        self.restart_log.append({"name": name, "incarnation": incarnation, "reason": reason, "signal": signal_name,
+                                 "exit_code": code, "restarted": can_restart})
+        if can_restart:
+            self.restarts[role] = self.restarts.get(role, 0) + 1
+            log.warning("%s: restarting it (%d of %d restarts for %s)", reason, self.restarts[role],
+                        self.cfg.max_restarts, role)
+            self.start_worker(name, start_position=self.health.position(name))
+            return
+        if role == "pre" or not self.launcher.alive(role):
+            log.error("%s: no %s worker can take its frames; stopping the run", reason, role)
+            self.aborted = self.aborted or self.phase == "running"
+            self.enter("stopping", reason)
+        else:
+            log.warning("%s: going on with the other %s workers", reason, role)
+
+    def start_worker(self, name: str, start_position: int = 0) -> None:
+        role = role_of(name)
+        device, threads = "cpu", 1
+        if role == "infer":
+            index = int(name.split("-")[1])
+            device, threads = self.cfg.devices[index % len(self.cfg.devices)], self.cfg.infer_threads
+        self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position)
+        self.health.expect(name, self.launcher.incarnation(name), start_position)
+
+    def on_interrupt(self) -> None:
+        count = self.interrupts.count
+        if count == self.seen_interrupts:
+            return
+        self.seen_interrupts = count
+        what = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}.get(self.interrupts.received[-1], "a signal")
+        if count == 1 and self.phase == "running":
+            self.console.say(f"{what}: finishing the frames in flight (at most {DRAIN_TIMEOUT_S:.0f} s); "
+                             "press Ctrl-C again to stop at once")
+            self.enter("draining", f"interrupted by {what}")
+        elif count == 2:
+            self.console.say(f"{what} again: stopping now")
+            self.enter("stopping", f"interrupted by {what}")
+        elif count >= 3:
+            self.console.say(f"{what} a third time: killing every process")
+            self.kill_all = True
+            self.enter("done", f"interrupted by {what}")
+
+    def check_deadlines(self) -> None:
+        now = time.perf_counter()
+        if self.phase == "draining" and now - self.phase_since > DRAIN_TIMEOUT_S:
+            self.enter("stopping", self.reason or "drain timed out")
+        elif self.phase == "stopping" and now - self.phase_since > STOP_GIVE_UP_S:
+            log.error("no report %.0f s after the stop: ending every process", STOP_GIVE_UP_S)
+            self.aborted = self.kill_all = True
+            self.enter("done", self.reason or "stop timed out")
+        elif self.phase == "running" and now - self.last_change_s > STALL_TIMEOUT_S:
+            log.error("no frame finished for %.0f s: stopping the run", STALL_TIMEOUT_S)
+            self.aborted = True
+            self.enter("stopping", f"no frame finished for {STALL_TIMEOUT_S:.0f} s")
+
+    def on_progress(self, header: dict) -> None:
+        done = header["processed"] + header["failed"]
+        if done != self.last_done:
+            self.last_done, self.last_change_s = done, time.perf_counter()
+        self.console.progress(header["processed"], header["failed"])
+
+
+def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, *, show_progress: bool = True,
+                 runner_started_s: float | None = None) -> Outcome:
+    """Run the pipeline once; raises UsageError before anything starts if a socket cannot be bound."""
+    runner_started_s = runner_started_s or time.perf_counter()
+    removed = remove_stale_segments()
+    run_dir = make_run_dir(cfg.results)
+    log_path = os.path.join(run_dir, "run.log")
+    file_log = logging.FileHandler(log_path, encoding="utf-8")
+    file_log.setFormatter(logging.Formatter(LOG_FORMAT))
+    console = Console(show_progress, plan.total, log_path)
+    console_log = ConsoleHandler(console)
+    root = logging.getLogger()
+    saved_handlers = root.handlers[:]
+    root.handlers = [file_log, console_log]
+    if removed:
+        log.info("removed %d shared-memory segments left by runs that were killed", len(removed))
+    ipc_dir = tempfile.mkdtemp(prefix="yolo-")  # mode 0700: only this user reaches the ipc sockets
+    token = secrets.token_bytes(16)
+    wire = Wire(token, CurveKeys.generate() if cfg.transport == "tcp" else None)
+    run_tag = f"{os.getpid()}-{token.hex()[:8]}"
+    interrupts = Interrupts().install()
+    ctx = zmq.Context()
+    sockets = []
+    launcher = None
+    watch = None
+    try:
+        endpoints = make_endpoints(cfg.transport, ipc_dir, cfg.tcp_host, cfg.tcp_base_port, cfg.pre_workers,
+                                   cfg.infer_workers)
+        control_out = _bound(ctx, zmq.PUB, endpoints.control, wire, sockets)
+        progress_in = _bound(ctx, zmq.PULL, endpoints.progress, wire, sockets)
+        health_in = _bound(ctx, zmq.PULL, endpoints.health, wire, sockets)
+        slot_bytes, slot_count = slot_plan(cfg, plan)
+        worker_names = ([f"pre-{i}" for i in range(cfg.pre_workers)] + [f"infer-{i}" for i in range(cfg.infer_workers)]
+                        + [f"post-{i}" for i in range(cfg.post_workers)])
+        template = StageArgs(name="", index=0, config=cfg, plan=plan, endpoints=endpoints, wire=wire,
+                             log_path=log_path, run_dir=run_dir, run_tag=run_tag, names=names,
+                             runner_pid=os.getpid(), slot_bytes=slot_bytes, slot_count=slot_count)
+        log.info("run %s: %s frames from %s; %d pre, %d infer (%s, %d threads each), %d post workers",
+                 os.path.basename(run_dir), plan.total, cfg.source, cfg.pre_workers, cfg.infer_workers,
+                 ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
+        log.debug("ipc sockets in %s; shared-memory segments %s*", ipc_dir, run_tag)
+        launcher = Launcher(template, collector_extra=(worker_names, runner_started_s, machine.as_dict()))
+        health = Health(cfg.heartbeat_timeout_s)
+        watch = Watch(cfg, launcher, health, control_out, token, interrupts, console)
+        console.say(f"starting {len(worker_names) + 1} processes...")
+        launcher.warm_up()
+        for name in ["collector"] + worker_names[::-1]:  # consumers first, so producers find them
+            watch.start_worker(name)
+        _watch(watch, progress_in, health_in, token, console)
+    finally:
+        interrupts.restore()
+        if watch is not None and watch.phase != "done":
+            watch.enter("done", "runner exiting")
+        if launcher is not None:
+            if watch is None or watch.kill_all:
+                for name in list(launcher.processes):
+                    launcher.kill(name)
+            else:
+                _send_quietly(sockets[0] if sockets else None, {"type": STOP, "reason": "run over"}, token)
+            killed = launcher.stop_all()
+            if killed:
+                log.warning("killed %s: they did not exit in time", ", ".join(killed))
+        for socket in sockets:
+            socket.close(linger=0)
+        ctx.term()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        remove_segments(run_tag)
+        console.finish((watch.finished or {}).get("summary", {}).get("fps") if watch else None)
+        root.handlers = saved_handlers
+        file_log.close()
+    return _outcome(cfg, watch, run_dir, interrupts)
+
+
+def _bound(ctx, kind: int, endpoint: str, wire: Wire, sockets: list) -> zmq.Socket:
+    socket = make_socket(ctx, kind, linger_ms=500, max_message_bytes=REPORT_LIMITS.header_bytes,
+                         curve=wire.curve, curve_server=True)
+    sockets.append(socket)
+    try:
+        socket.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise UsageError(f"cannot bind {endpoint}: {exc} (change tcp_base_port or use ipc)") from None
+    return socket
+
+
+def _send_quietly(socket, header: dict, token: bytes) -> None:
+    if socket is not None:
+        try:
+            send_message(socket, header, token=token, flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+
+def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console) -> None:
+    drops = DropCounter(log)
+    poller = zmq.Poller()
+    poller.register(progress_in, zmq.POLLIN)
+    poller.register(health_in, zmq.POLLIN)
+    while watch.phase != "done":
+        events = dict(poller.poll(POLL_TIMEOUT_MS))
+        if health_in in events:
+            _read_all(health_in, token, {HEARTBEAT}, drops, "health", lambda h: _on_beat(watch, h))
+        if progress_in in events:
+            _read_all(progress_in, token, {PROGRESS, FINISHED}, drops, "progress", lambda h: _on_progress(watch, h))
+        console.echo_worker_logs()
+        if watch.finished is not None:
+            watch.enter("done", watch.reason or "finished")
+            break
+        if not watch.health.ready() and watch.interrupts.count and watch.phase == "running":
+            console.say("interrupted during start-up: stopping")
+            watch.reason = f"interrupted by {watch.interrupts.first()} during start-up"
+            watch.kill_all = True
+            watch.enter("done", watch.reason)
+            break
+        watch.on_interrupt()
+        for name, code in watch.launcher.exited():
+            watch.on_exit(name, code)
+        for name, why in watch.health.stuck():
+            watch.on_stuck(name, why)
+        watch.check_deadlines()
+        watch.repeat_notice()
+    console.echo_worker_logs()
+
+
+def _read_all(socket, token: bytes, types: set, drops: DropCounter, where: str, handle) -> None:
+    while socket.poll(0):
+        try:
+            header = validate(recv_message(socket, token=token, limits=REPORT_LIMITS).header, frozenset(types))
+        except ProtocolError as exc:
+            drops.note(exc, where)
+            continue
+        handle(header)
+
+
+def _on_beat(watch: Watch, header: dict) -> None:
+    watch.health.beat(header)
+    if header.get("signal") == "SIGTERM":
+        watch.interrupts.note("SIGTERM")
+
+
+def _on_progress(watch: Watch, header: dict) -> None:
+    if header["type"] == FINISHED:
+        watch.finished = header
+        return
+    watch.on_progress(header)
+
+
+def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Interrupts) -> Outcome:
+    if watch is None:
+        return Outcome(EXIT_ABORTED, run_dir, reason="the run did not start")
+    finished = watch.finished
+    report_written = bool(finished and "report.json" in finished.get("written", ()))
+    if report_written:
+        point_latest(run_dir)
+    summary = (finished or {}).get("summary") or None
+    outcome = Outcome(EXIT_OK, run_dir, summary, watch.reason, report_written, watch.restart_log)
+    if interrupts.count:
+        outcome.exit_code = interrupts.exit_code() or EXIT_ABORTED
+        if finished is None and not report_written:
+            _remove_empty_run_dir(run_dir)
+    elif watch.aborted or finished is None:
+        outcome.exit_code = EXIT_ABORTED
+    elif summary and summary.get("failed", 0) and not cfg.allow_failures:
+        outcome.exit_code = EXIT_FRAMES_FAILED
+    elif not report_written or (finished or {}).get("write_error") or (summary or {}).get("image_error"):
+        outcome.exit_code = EXIT_OUTPUT_INCOMPLETE
+    return outcome
+
+
+def _remove_empty_run_dir(run_dir: str) -> None:
+    """A run stopped before it wrote anything leaves no folder behind (its log aside, nothing)."""
+    images = os.path.join(run_dir, "images")
+    if os.path.isdir(images) and not os.listdir(images):
+        shutil.rmtree(run_dir, ignore_errors=True)

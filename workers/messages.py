@@ -1,0 +1,95 @@
+"""The messages the pipeline's processes exchange, and the one check each gets on arrival.
+
+A header is a msgpack map with a ``"type"``; :data:`SCHEMAS` lists, per type, the fields a
+receiver relies on and their types. :func:`validate` raises :class:`ProtocolError` (kind
+``schema``) for an unknown type, a missing field or a field of the wrong type, so a receiver
+never meets a KeyError or a bad value deep in its loop. Extra fields are allowed (a sender
+may add timing or debug fields), and nested values a stage only passes on are checked by shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.transport import ProtocolError
+
+# Link protocol (credit-based ROUTER/DEALER, see workers/links.py).
+CREDIT = "credit"  # consumer -> producer: you may send me n more frames
+ACK = "ack"  # consumer -> producer: these frame ids are passed on (returns their credit)
+FRAME = "frame"  # producer -> consumer
+END = "end"  # producer -> consumer: no more frames from me
+RELEASE = "release"  # last reader -> owner of a shared-memory slot: the slot may be reused
+# Results and reports (PUSH -> the collector's PULL).
+RESULT = "result"
+FAILED = "failed"
+STATS = "stats"
+# Runner <-> processes.
+HEARTBEAT = "heartbeat"  # every process -> runner, from a thread, every HEARTBEAT_INTERVAL_S
+PROGRESS = "progress"  # collector -> runner
+FINISHED = "finished"  # collector -> runner: the run folder is written (or could not be)
+DRAIN = "drain"  # runner -> all: stop reading new frames, finish the ones in flight
+STOP = "stop"  # runner -> all: stop now, report what you hold
+PEER_GONE = "peer_gone"  # runner -> all: a process died or hung; resend what it held
+
+INT, FLOAT, STR, BOOL, LIST, DICT = "int", "float", "str", "bool", "list", "dict"
+OPTIONAL = "?"  # prefix: the field may be absent or None
+
+_TIMES = DICT  # {"read_start": float, ...}: checked by _check_times
+_FRAME_FIELDS = {"id": INT, "name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST,
+                 "lb_shape": LIST, "keep_image": BOOL, "pre": STR, "src": STR, "t": _TIMES, "px": DICT}
+SCHEMAS: dict[str, dict[str, str]] = {
+    CREDIT: {"n": INT},
+    ACK: {"ids": LIST, "n": INT, "to": STR, "release": "?list"},
+    FRAME: {**_FRAME_FIELDS, "infer": "?str", "batch": "?int", "cold": "?bool"},
+    END: {},
+    RELEASE: {"seg": STR, "items": LIST},
+    RESULT: {"id": INT, "name": STR, "t": _TIMES, "detections": LIST, "workers": DICT, "batch": INT,
+             "image_saved": BOOL, "cold": BOOL},
+    FAILED: {"id": INT, "name": STR, "stage": STR, "worker": STR, "reason": STR},
+    STATS: {"name": STR, "role": STR, "incarnation": INT, "pid": INT, "frames": INT, "wall_s": FLOAT,
+            "busy_s": FLOAT, "busy_cpu_s": FLOAT, "cpu_s": FLOAT, "wait_in_s": FLOAT, "blocked_out_s": FLOAT,
+            "frame_ms": DICT, "frame_cpu_ms": DICT, "substages_ms": DICT},
+    HEARTBEAT: {"name": STR, "incarnation": INT, "pid": INT, "loop_age_s": FLOAT, "position": INT,
+                "signal": "?str"},
+    PROGRESS: {"processed": INT, "failed": INT},
+    FINISHED: {"summary": DICT, "written": LIST, "write_error": "?str"},
+    DRAIN: {"reason": STR},
+    STOP: {"reason": STR},
+    PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR},
+}
+_CHECKS = {INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+           FLOAT: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+           STR: lambda v: isinstance(v, str), BOOL: lambda v: isinstance(v, bool),
+           LIST: lambda v: isinstance(v, list), DICT: lambda v: isinstance(v, dict)}
+
+
+def validate(header: dict, expected: frozenset[str] | set[str]) -> dict:
+    """``header`` if its type is one of ``expected`` and its fields match :data:`SCHEMAS`."""
+    kind = header.get("type")
+    if kind not in expected:
+        raise ProtocolError("schema", f"expected a message of type {sorted(expected)}, got {kind!r}")
+    for name, spec in SCHEMAS[kind].items():
+        optional = spec.startswith(OPTIONAL)
+        value = header.get(name)
+        if value is None:
+            if optional:
+                continue
+            raise ProtocolError("schema", f"expected field {name!r} in a {kind!r} message, got none")
+        if not _CHECKS[spec.lstrip(OPTIONAL)](value):
+            raise ProtocolError("schema", f"expected field {name!r} of a {kind!r} message to be {spec.lstrip('?')}, "
+                                          f"got {type(value).__name__}")
+    if "t" in SCHEMAS[kind]:
+        _check_times(header["t"], kind)
+    if kind in (ACK,):
+        _check_ints(header["ids"], "ids", kind)
+    return header
+
+
+def _check_times(times: dict[str, Any], kind: str) -> None:
+    if not all(isinstance(k, str) and _CHECKS[FLOAT](v) for k, v in times.items()):
+        raise ProtocolError("schema", f"expected field 't' of a {kind!r} message to map names to seconds")
+
+
+def _check_ints(values: list, name: str, kind: str) -> None:
+    if not all(_CHECKS[INT](v) for v in values):
+        raise ProtocolError("schema", f"expected field {name!r} of a {kind!r} message to be a list of ints")

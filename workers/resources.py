@@ -1,0 +1,69 @@
+"""CPU and memory of every process of a run, sampled from outside with psutil: each process is
+found among the runner's descendants and named by its title (``yolo-pipeline infer-0``).
+Memory is PSS (proportional set size: a library mapped by several processes is counted once
+in the sum), which is what the whole run costs; RSS would count torch once per process."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from workers.lifecycle import TITLE_PREFIX
+
+MAX_SAMPLES_PER_PROCESS = 2000  # then every other sample is dropped and sampling slows by half
+
+
+def process_label(process: psutil.Process, runner_pid: int) -> str:
+    """The stage name from the title, or what the helper process is."""
+    if process.pid == runner_pid:
+        return "runner"
+    cmdline = process.cmdline()
+    text = " ".join(cmdline)
+    if text.startswith(TITLE_PREFIX + " "):
+        return text[len(TITLE_PREFIX) + 1:].split()[0]
+    if "forkserver" in text:
+        return "forkserver"
+    if "resource_tracker" in text:
+        return "resource-tracker"
+    return f"pid-{process.pid}"
+
+
+class ResourceSampler:
+    """Samples [t_s, cpu_s, rss_bytes, pss_bytes] per process (t on the perf_counter clock of
+    every frame timestamp; cpu cumulative user + system)."""
+
+    def __init__(self, runner_pid: int):
+        self.runner_pid = runner_pid
+        self.series: dict[str, dict] = {}
+        self.ticks = 0
+        self.every = 1  # keep one sample in `every`: long runs keep a flat, coarser history
+
+    def sample(self) -> None:
+        self.ticks += 1
+        if self.ticks % self.every:
+            return
+        try:
+            runner = psutil.Process(self.runner_pid)
+            processes = [runner] + runner.children(recursive=True)
+        except psutil.Error:
+            return
+        for process in processes:
+            try:
+                with process.oneshot():
+                    label = process_label(process, self.runner_pid)
+                    cpu = process.cpu_times()
+                    memory = process.memory_full_info()
+            except psutil.Error:  # it exited between listing and reading
+                continue
+            entry = self.series.setdefault(label, {"pid": process.pid, "role": label.split("-")[0], "samples": []})
+            entry["pid"] = process.pid  # a restarted worker keeps its name
+            entry["samples"].append([time.perf_counter(), cpu.user + cpu.system, memory.rss,
+                                     getattr(memory, "pss", memory.rss)])
+        if any(len(e["samples"]) >= MAX_SAMPLES_PER_PROCESS for e in self.series.values()):
+            for entry in self.series.values():
+                entry["samples"] = entry["samples"][::2]
+            self.every *= 2
+
+    def export(self) -> dict[str, dict]:
+        return self.series

@@ -1,0 +1,256 @@
+"""Frames by reference: pixels cross process boundaries in shared memory, messages carry slot ids.
+
+A producer owns a :class:`SlotRing`: one file in ``/dev/shm`` split into equal slots. To send a
+frame it takes a free slot, copies the frame's arrays into it and puts their references (segment,
+slot, offset, dtype, shape) in the message header; the slot is lent to the frame until the last
+reader sends a release naming the slot and the frame id. A consumer reads the arrays through
+:class:`SlotViews`, which maps a segment once and checks every reference against the run's
+segment names and the segment's size. Who lends and who returns stays explicit, as in PyTorch's
+DataLoader workers or Ray's object store: the owner alone reuses a slot, and only for a release
+that names the frame the slot was lent to.
+
+An array too big for a slot (a source frame larger than planned), and every array on a transport
+that crosses hosts (tcp), travels as bytes in the message instead: its reference is
+``{"inline": k}``, the k-th array of the message. Stages never compute offsets themselves.
+
+Segment names start with ``yolo-pipeline-<runner pid>-``, so a runner can remove what a killed
+run left behind (:func:`remove_stale_segments`) and its own leftovers at exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import mmap
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+
+import numpy as np
+
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+SEGMENT_PREFIX = "yolo-pipeline-"
+ALIGN_BYTES = 64
+MAX_MAPPED_SEGMENTS = 64  # a consumer keeps this many producers' segments mapped
+_NAME_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class SlotError(RuntimeError):
+    """A slot reference that does not name a valid region of this run's shared memory."""
+
+
+def segment_name(run_tag: str, owner: str, incarnation: int) -> str:
+    """``yolo-pipeline-<run_tag>-<owner>-<incarnation>``; run_tag starts with the runner's pid."""
+    name = f"{SEGMENT_PREFIX}{run_tag}-{owner}-{incarnation}"
+    if not _NAME_PART.match(name):
+        raise ValueError(f"expected a segment name of letters, digits, '_', '.', '-', got {name!r}")
+    return name
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+
+
+def _map_file(path: str, size: int, create: bool) -> mmap.mmap:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        else:
+            size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+class SlotRing:
+    """The owner's side: ``count`` slots of ``slot_bytes`` each in the file ``directory/name``."""
+
+    def __init__(self, name: str, slot_bytes: int, count: int, directory: str = SHM_DIR):
+        if slot_bytes <= 0 or count <= 0:
+            raise ValueError(f"expected slot_bytes > 0 and count > 0, got {slot_bytes} and {count}")
+        self.name = name
+        self.slot_bytes = _aligned(slot_bytes)
+        self.count = count
+        self.path = os.path.join(directory, name)
+        self._map = _map_file(self.path, self.slot_bytes * count, create=True)
+        self._free: collections.deque[int] = collections.deque(range(count))
+        self._lent: dict[int, int] = {}  # slot -> the frame id it is lent to
+        self.inline_arrays = 0  # arrays that did not fit a slot and went as bytes
+
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def lent(self) -> dict[int, int]:
+        return dict(self._lent)
+
+    def acquire(self, frame_id: int) -> int | None:
+        """A free slot, now lent to ``frame_id``; None when every slot is lent."""
+        if not self._free:
+            return None
+        slot = self._free.popleft()
+        self._lent[slot] = frame_id
+        return slot
+
+    def store(self, slot: int, arrays: Sequence[np.ndarray]) -> tuple[list[dict], list[np.ndarray]]:
+        """Copy ``arrays`` into ``slot`` (which the caller acquired); returns their references and
+        the arrays that must travel in the message (those that did not fit), in order."""
+        if self._lent.get(slot) is None:
+            raise ValueError(f"expected a lent slot, got slot {slot} which is free")
+        refs, inline = [], []
+        offset = 0
+        for array in arrays:
+            nbytes = _aligned(array.nbytes)
+            if offset + nbytes > self.slot_bytes:
+                refs.append({"inline": len(inline)})
+                inline.append(array)
+                self.inline_arrays += 1
+                continue
+            start = slot * self.slot_bytes + offset
+            view = np.ndarray(array.shape, array.dtype, buffer=self._map, offset=start)
+            np.copyto(view, array, casting="no")
+            refs.append({"seg": self.name, "slot": slot, "off": start, "dtype": array.dtype.str,
+                         "shape": list(array.shape)})
+            offset += nbytes
+        return refs, inline
+
+    def release(self, slot: int, frame_id: int) -> bool:
+        """Return ``slot`` if it is lent to ``frame_id``; False (nothing changes) otherwise: a
+        release for an earlier lending, or from a stranger, must not free a slot in use."""
+        if self._lent.get(slot) != frame_id:
+            return False
+        del self._lent[slot]
+        self._free.append(slot)
+        return True
+
+    def release_frame(self, frame_id: int) -> bool:
+        """Return the slot lent to ``frame_id``, if any (a frame that failed before sending)."""
+        for slot, lent_to in self._lent.items():
+            if lent_to == frame_id:
+                return self.release(slot, frame_id)
+        return False
+
+    def close(self) -> None:
+        """Remove the file; mappings that consumers (or views here) still hold stay valid."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        try:
+            self._map.close()
+        except BufferError:  # numpy views over the map are still alive; unmapped when they go
+            pass
+
+
+class SlotViews:
+    """A consumer's side: read (or write) arrays that references name, in segments of this run."""
+
+    def __init__(self, run_tag: str, directory: str = SHM_DIR):
+        self.prefix = f"{SEGMENT_PREFIX}{run_tag}-"
+        self.directory = directory
+        self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
+
+    def arrays(self, refs: Sequence[dict], inline: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [self.array(ref, inline) for ref in refs]
+
+    def array(self, ref: dict, inline: Sequence[np.ndarray] = ()) -> np.ndarray:
+        """The array ``ref`` names: a view into shared memory, or ``inline[k]`` for an inline one."""
+        if not isinstance(ref, dict):
+            raise SlotError(f"expected a slot reference dict, got {type(ref).__name__}")
+        if "inline" in ref:
+            k = ref["inline"]
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < len(inline):
+                raise SlotError(f"expected an inline index in [0, {len(inline)}), got {k!r}")
+            return inline[k]
+        seg, off, dtype, shape = ref.get("seg"), ref.get("off"), ref.get("dtype"), ref.get("shape")
+        if not isinstance(seg, str) or not seg.startswith(self.prefix) or not _NAME_PART.match(seg):
+            raise SlotError(f"expected a segment of this run ({self.prefix}...), got {seg!r}")
+        try:
+            dtype = np.dtype(dtype) if isinstance(dtype, str) and len(dtype) <= 8 else None
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.kind not in "biuf":
+            raise SlotError(f"expected a numeric dtype in slot reference, got {ref.get('dtype')!r}")
+        if not isinstance(shape, list) or len(shape) > 4 or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise SlotError(f"expected a shape of up to 4 ints >= 0, got {shape!r}")
+        mapped = self._mapped(seg)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not isinstance(off, int) or off < 0 or off % ALIGN_BYTES or off + nbytes > len(mapped):
+            raise SlotError(f"expected offset and size inside segment {seg} ({len(mapped)} bytes), "
+                            f"got offset {off!r} and {nbytes} bytes")
+        return np.ndarray(shape, dtype, buffer=mapped, offset=off)
+
+    def _mapped(self, seg: str) -> mmap.mmap:
+        mapped = self._maps.get(seg)
+        if mapped is not None:
+            self._maps.move_to_end(seg)
+            return mapped
+        try:
+            mapped = _map_file(os.path.join(self.directory, seg), 0, create=False)
+        except (FileNotFoundError, ValueError, OSError) as exc:
+            raise SlotError(f"cannot map shared-memory segment {seg}: {exc}") from None
+        self._maps[seg] = mapped
+        if len(self._maps) > MAX_MAPPED_SEGMENTS:
+            _, oldest = self._maps.popitem(last=False)
+            _close_quietly(oldest)
+        return mapped
+
+    def close(self) -> None:
+        for mapped in self._maps.values():
+            _close_quietly(mapped)
+        self._maps.clear()
+
+
+def _close_quietly(mapped: mmap.mmap) -> None:
+    try:
+        mapped.close()
+    except BufferError:  # arrays over it are still referenced; it is unmapped when they go
+        pass
+
+
+def remove_segments(run_tag: str, directory: str = SHM_DIR) -> list[str]:
+    """Remove every segment of one run (after it ended, however it ended); returns their names."""
+    prefix = f"{SEGMENT_PREFIX}{run_tag}-"
+    removed = []
+    for name in _segment_files(directory):
+        if name.startswith(prefix):
+            _unlink_quietly(os.path.join(directory, name))
+            removed.append(name)
+    return removed
+
+
+def remove_stale_segments(directory: str = SHM_DIR) -> list[str]:
+    """Remove segments of runs whose runner process is gone (a killed run leaves them)."""
+    removed = []
+    for name in _segment_files(directory):
+        pid_text = name[len(SEGMENT_PREFIX):].split("-", 1)[0]
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            _unlink_quietly(os.path.join(directory, name))
+            removed.append(name)
+    return removed
+
+
+def _segment_files(directory: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(directory) if n.startswith(SEGMENT_PREFIX)]
+    except OSError:
+        return []
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
