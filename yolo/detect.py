@@ -120,13 +120,12 @@ class SequentialResult:
 
 
 def run_sequential(model: torch.nn.Module, plan: FramePlan, opts: DetectOptions, *, device: torch.device,
-                   half: bool = False, save_dir: str | None = None, warmup: int = 0,
-                   progress: bool = True) -> SequentialResult:
+                   save_dir: str | None = None, warmup: int = 0, progress: bool = True) -> SequentialResult:
     """Detect on every planned frame, one at a time. The first ``warmup`` frames run but are
     left out of the stage times and the fps."""
     result = SequentialResult()
     names = model.names
-    dtype = torch.float16 if half else torch.float32
+    dtype = model.input_dtype
     stride = model.max_stride
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     measured_start = time.perf_counter()
