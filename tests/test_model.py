@@ -163,6 +163,13 @@ def test_fuse_preserves_outputs_checkpoint(yolov5n_path, yolov5n):
         assert _relative_error(yolov5n(x), unfused(x)) <= 1e-4
 
 
+def test_fuse_refuses_training_mode():
+    model = YOLOv5.from_preset("yolov5n").train()
+    with pytest.raises(RuntimeError, match="expected an eval-mode model"):
+        model.fuse()
+    assert not model.fused and any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+
+
 def test_fused_model_refuses_export():
     with pytest.raises(RuntimeError, match="fused"):
         YOLOv5.from_preset("yolov5n").eval().fuse().export_state()

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from yolo.names import default_names
 from yolo.precision import Precision, check_precision, input_dtype
@@ -49,7 +50,7 @@ class Conv(nn.Module):
 
     def fuse(self) -> None:
         if self.bn is not None:
-            self.conv = fuse_conv_and_bn(self.conv, self.bn)
+            self.conv = fuse_conv_bn_eval(self.conv, self.bn)
             self.bn = None
 
 
@@ -213,19 +214,6 @@ class Detect(nn.Module):
     def _apply(self, fn, recurse=True):
         self._grid_cache = {}  # device or dtype changed: cached grids are stale
         return super()._apply(fn, recurse)
-
-
-def fuse_conv_and_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
-    """Fold an inference-mode BatchNorm into the preceding convolution."""
-    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
-                      conv.padding, conv.dilation, conv.groups, bias=True).to(conv.weight.device)
-    with torch.no_grad():
-        w = conv.weight.float().view(conv.out_channels, -1)
-        scale = bn.weight.float() / torch.sqrt(bn.running_var.float() + bn.eps)
-        fused.weight.copy_((scale[:, None] * w).view_as(fused.weight))
-        b = torch.zeros(conv.out_channels, device=w.device) if conv.bias is None else conv.bias.float()
-        fused.bias.copy_(bn.bias.float() + scale * (b - bn.running_mean.float()))
-    return fused.to(conv.weight.dtype).requires_grad_(False)
 
 
 MODULES: dict[str, type[nn.Module]] = {
@@ -442,6 +430,9 @@ class YOLOv5(nn.Module):
 
     def fuse(self) -> "YOLOv5":
         """Fold every BatchNorm into its conv for inference; idempotent."""
+        if self.training:
+            raise RuntimeError("expected an eval-mode model to fuse (BatchNorm folds its running "
+                               "statistics), got one in training mode: call eval() first")
         for m in self.modules():
             if isinstance(m, Conv):
                 m.fuse()
