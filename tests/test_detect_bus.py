@@ -112,9 +112,9 @@ def _run_cli(repo_root, *args: str) -> subprocess.CompletedProcess:
                           timeout=CLI_TIMEOUT_S)
 
 
-def test_cli_rect_json_and_annotated_image(repo_root, yolov5n_path, bus_path, expected, tmp_path):
+def test_cli_default_rect_json_and_annotated_image(repo_root, yolov5n_path, bus_path, expected, tmp_path):
     out_json, save_dir = tmp_path / "out.json", tmp_path / "annotated"
-    done = _run_cli(repo_root, "--weights", str(yolov5n_path), "--source", str(bus_path), "--rect",
+    done = _run_cli(repo_root, "--weights", str(yolov5n_path), "--source", str(bus_path),
                     "--save-json", str(out_json), "--save-dir", str(save_dir), "--quiet")
     assert done.returncode == 0, done.stderr
     records = json.loads(out_json.read_text())

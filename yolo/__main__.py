@@ -26,7 +26,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--preset", default="yolov5n", help="model built with random weights when --weights is absent")
     p.add_argument("--source", default="synthetic", help="image, directory, glob, video, or 'synthetic'")
     p.add_argument("--imgsz", type=int, default=640, help="letterbox size (long side in --rect mode)")
-    p.add_argument("--rect", action="store_true", help="pad the short side only to a multiple of the stride")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--rect", dest="rect", action="store_const", const=True, default=True,
+                       help="pad the short side only to a multiple of the stride (default, as runner.py)")
+    shape.add_argument("--square", dest="rect", action="store_const", const=False,
+                       help="pad to a fixed imgsz x imgsz square")
     p.add_argument("--conf-thres", type=float, default=0.25)
     p.add_argument("--iou-thres", type=float, default=0.45)
     p.add_argument("--max-det", type=int, default=1000)

@@ -33,7 +33,7 @@ class DetectOptions:
     """What decides which boxes come out; validated once, where the options enter."""
 
     imgsz: int = 640
-    rect: bool = False
+    rect: bool = True  # minimal padding, as the pipeline's default
     conf_thres: float = 0.25
     iou_thres: float = 0.45
     classes: tuple[int, ...] | None = None
