@@ -115,7 +115,7 @@ def _run_cli(repo_root, *args: str) -> subprocess.CompletedProcess:
 def test_cli_default_rect_json_and_annotated_image(repo_root, yolov5n_path, bus_path, expected, tmp_path):
     out_json, save_dir = tmp_path / "out.json", tmp_path / "annotated"
     done = _run_cli(repo_root, "--weights", str(yolov5n_path), "--source", str(bus_path),
-                    "--save-json", str(out_json), "--save-dir", str(save_dir), "--quiet")
+                    "--save-json", str(out_json), "--save-dir", str(save_dir), "--save-txt", "--save-conf", "--quiet")
     assert done.returncode == 0, done.stderr
     records = json.loads(out_json.read_text())
     assert records, "expected detections in the JSON"
@@ -133,6 +133,15 @@ def test_cli_default_rect_json_and_annotated_image(repo_root, yolov5n_path, bus_
     drawn, original = cv2.imread(str(annotated)), cv2.imread(str(bus_path))
     assert drawn is not None and drawn.shape == original.shape
     assert cv2.absdiff(drawn, original).max() > 0, "expected boxes drawn on the saved image"
+
+    h, w = original.shape[:2]
+    lines = (save_dir / "labels" / "bus.txt").read_text().splitlines()
+    from_labels = sorted([float(v) for v in line.split()] for line in lines)
+    from_json = sorted([r["class_id"], (r["box"][0] + r["box"][2]) / 2 / w, (r["box"][1] + r["box"][3]) / 2 / h,
+                        (r["box"][2] - r["box"][0]) / w, (r["box"][3] - r["box"][1]) / h, r["score"]] for r in records)
+    assert len(from_labels) == len(from_json)
+    for got, want in zip(from_labels, from_json):
+        assert got == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here: --device cuda is valid")

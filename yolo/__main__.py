@@ -45,7 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--frames", type=int, default=None, help="stop after N frames, looping the source")
     p.add_argument("--warmup", type=int, default=0, help="frames left out of the timings")
-    p.add_argument("--save-dir", default=None, help="save annotated images here")
+    p.add_argument("--save-dir", default=None, help="save annotated images here (and labels/ with --save-txt)")
+    p.add_argument("--save-txt", action="store_true",
+                   help="write YOLO label files (class cx cy w h, normalised) to SAVE_DIR/labels/, named as "
+                        "Ultralytics' detect.py names them; needs --save-dir")
+    p.add_argument("--save-conf", action="store_true", help="with --save-txt: add the score to each label line")
     p.add_argument("--save-json", default=None, help="write detections to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no line per image")
     return p.parse_args(argv)
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        check_save_options(args)
         device = resolve_device(args.device)
         precision = choose_precision(device, args.half)
         opts = DetectOptions(imgsz=args.imgsz, rect=args.rect, conf_thres=args.conf_thres,
@@ -70,14 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, CheckpointError) as exc:
         log.error("error: %s", exc)
         return 2
-    result = run_sequential(model, plan, opts, device=device, save_dir=args.save_dir,
-                            warmup=args.warmup, progress=not args.quiet)
+    result = run_sequential(model, plan, opts, device=device, save_dir=args.save_dir, save_txt=args.save_txt,
+                            save_conf=args.save_conf, warmup=args.warmup, progress=not args.quiet)
     if args.save_json:
         write_json(args.save_json, result.records)
     print_summary(result, torch.get_num_threads(), model.precision)
     if args.save_dir:
         log.info("annotated images saved to %s", os.path.abspath(args.save_dir))
     return 0
+
+
+def check_save_options(args: argparse.Namespace) -> None:
+    if args.save_txt and not args.save_dir:
+        raise ValueError("--save-txt: expected --save-dir DIR, the labels go to DIR/labels/")
+    if args.save_conf and not args.save_txt:
+        raise ValueError("--save-conf: expected --save-txt, the scores are written into the label files")
 
 
 def print_summary(result, threads: int, precision: str) -> None:
