@@ -179,7 +179,7 @@ class Detect(nn.Module):
         maps = []
         for i, conv in enumerate(self.m):
             # Decode in fp32 whatever the model's precision: bf16 keeps 8 bits of mantissa, so
-            # a box coordinate near 640 would move by up to 2 pixels (fp16: half a pixel).
+            # box coordinates near 640 would come in steps of 4 pixels (fp16: half a pixel).
             x = conv(xs[i]).float()
             b, _, ny, nx = x.shape
             maps.append(x.view(b, self.na, self.no, ny, nx))  # [B, na, no, ny, nx]
