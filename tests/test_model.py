@@ -163,6 +163,13 @@ def test_fuse_preserves_outputs_checkpoint(yolov5n_path, yolov5n):
         assert _relative_error(yolov5n(x), unfused(x)) <= 1e-4
 
 
+def test_fuse_refuses_training_mode():
+    model = YOLOv5.from_preset("yolov5n").train()
+    with pytest.raises(RuntimeError, match="expected an eval-mode model"):
+        model.fuse()
+    assert not model.fused and any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+
+
 def test_fused_model_refuses_export():
     with pytest.raises(RuntimeError, match="fused"):
         YOLOv5.from_preset("yolov5n").eval().fuse().export_state()
@@ -242,15 +249,46 @@ def test_load_matching_state_converts_half_weights(fresh_state):
     assert torch.equal(weight, half["model.0.conv.weight"].float())
 
 
-# -- half precision (CUDA) -----------------------------------------------------------------------
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="half precision is tested on CUDA only (no GPU)")
+# -- precision -----------------------------------------------------------------------------------
+def test_bf16_on_cpu_returns_float32_close_to_fp32(random_n):
+    fp32 = copy.deepcopy(random_n).fuse()
+    bf16 = copy.deepcopy(fp32).set_precision("bf16")
+    assert bf16.input_dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in bf16.parameters())  # autocast, not bf16 weights
+    x = torch.rand(1, 3, 128, 96)
+    with torch.no_grad():
+        expected, got = fp32(x), bf16(x)
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    assert not torch.equal(got, expected), "expected the convolutions to run in bf16"
+    assert _relative_error(got, expected) <= 3e-2
+    with torch.no_grad():
+        assert torch.equal(bf16.set_precision("fp32")(x), expected)
+
+
+def test_bf16_decodes_the_head_maps_in_float32(random_n):
+    model = copy.deepcopy(random_n).fuse().set_precision("bf16")
+    seen = []
+    hook = model.detect.register_forward_hook(lambda m, args, out: seen.append((args[0][0].dtype, out.dtype)))
+    with torch.no_grad():
+        model(torch.rand(1, 3, 64, 64))
+    hook.remove()
+    assert seen == [(torch.bfloat16, torch.float32)]  # bf16 features in, fp32 boxes out
+
+
+def test_unknown_precision_is_named(random_n):
+    with pytest.raises(ValueError, match="got 'fp8'"):
+        copy.deepcopy(random_n).set_precision("fp8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 is tested on CUDA only (no GPU)")
 def test_half_precision_on_cuda(random_n):
     fp32 = copy.deepcopy(random_n).fuse().cuda()
-    fp16 = copy.deepcopy(fp32).half()
+    fp16 = copy.deepcopy(fp32).set_precision("fp16")
+    assert fp16.input_dtype == torch.float16
     x = torch.rand(2, 3, 640, 480, device="cuda")
     with torch.no_grad():
         expected, got = fp32(x), fp16(x.half())
-    assert got.dtype == torch.float16 and got.shape == expected.shape
+    assert got.dtype == torch.float32 and got.shape == expected.shape
     assert torch.isfinite(got).all()
     assert _relative_error(got.float(), expected) <= 1e-2
     cpu = copy.deepcopy(random_n).fuse()

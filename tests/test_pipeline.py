@@ -98,7 +98,7 @@ def test_cuda_without_cuda_is_a_clear_error(tmp_path):
 def sequential_detections(weights, sources, rect, tmp_path):
     out = tmp_path / f"seq-{rect}.json"
     cmd = [sys.executable, "-m", "yolo", "--weights", str(weights), "--source",
-           str(sources), "--save-json", str(out), "--quiet", "--threads", "1"] + (["--rect"] if rect else [])
+           str(sources), "--save-json", str(out), "--quiet", "--threads", "1", "--rect" if rect else "--square"]
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
     return json.loads(out.read_text())
 

@@ -14,6 +14,7 @@ import torch
 from yolo.checkpoint import CheckpointError, load_model
 from yolo.detect import SEQUENTIAL_STAGES, DetectOptions, run_sequential, write_json
 from yolo.devices import resolve_device
+from yolo.precision import choose_precision
 from yolo.sources import plan_frames
 
 log = logging.getLogger("yolo")
@@ -25,20 +26,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--preset", default="yolov5n", help="model built with random weights when --weights is absent")
     p.add_argument("--source", default="synthetic", help="image, directory, glob, video, or 'synthetic'")
     p.add_argument("--imgsz", type=int, default=640, help="letterbox size (long side in --rect mode)")
-    p.add_argument("--rect", action="store_true", help="pad the short side only to a multiple of the stride")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--rect", dest="rect", action="store_const", const=True, default=True,
+                       help="pad the short side only to a multiple of the stride (default, as runner.py)")
+    shape.add_argument("--square", dest="rect", action="store_const", const=False,
+                       help="pad to a fixed imgsz x imgsz square")
     p.add_argument("--conf-thres", type=float, default=0.25)
     p.add_argument("--iou-thres", type=float, default=0.45)
     p.add_argument("--max-det", type=int, default=1000)
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="NMS across classes")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--half", action="store_true", help="fp16 inference (CUDA only)")
+    p.add_argument("--half", action="store_true",
+                   help="half precision: fp16 on CUDA, bfloat16 on a CPU with AVX512-BF16 or AMX "
+                        "(refused on other CPUs, where bf16 runs emulated and much slower than fp32)")
     p.add_argument("--no-fuse", action="store_true", help="keep BatchNorm separate from the convs")
     p.add_argument("--no-channels-last", action="store_true", help="keep NCHW weights (default NHWC)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--frames", type=int, default=None, help="stop after N frames, looping the source")
     p.add_argument("--warmup", type=int, default=0, help="frames left out of the timings")
-    p.add_argument("--save-dir", default=None, help="save annotated images here")
+    p.add_argument("--save-dir", default=None, help="save annotated images here (and labels/ with --save-txt)")
+    p.add_argument("--save-txt", action="store_true",
+                   help="write YOLO label files (class cx cy w h, normalised) to SAVE_DIR/labels/, named as "
+                        "Ultralytics' detect.py names them; needs --save-dir")
+    p.add_argument("--save-conf", action="store_true", help="with --save-txt: add the score to each label line")
     p.add_argument("--save-json", default=None, help="write detections to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no line per image")
     return p.parse_args(argv)
@@ -48,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        check_save_options(args)
         device = resolve_device(args.device)
-        if args.half and device.type != "cuda":
-            raise ValueError(f"--half needs a CUDA device, got --device {args.device}")
+        precision = choose_precision(device, args.half)
         opts = DetectOptions(imgsz=args.imgsz, rect=args.rect, conf_thres=args.conf_thres,
                              iou_thres=args.iou_thres, classes=tuple(args.classes) if args.classes else None,
                              agnostic=args.agnostic_nms, max_det=args.max_det)
@@ -59,27 +70,34 @@ def main(argv: list[str] | None = None) -> int:
             if args.threads < 1:
                 raise ValueError(f"--threads: expected >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
-        model = load_model(args.weights, preset=args.preset, device=device, half=args.half, fuse=not args.no_fuse,
+        model = load_model(args.weights, preset=args.preset, device=device, precision=precision, fuse=not args.no_fuse,
                            channels_last=not args.no_channels_last)
     except (ValueError, CheckpointError) as exc:
         log.error("error: %s", exc)
         return 2
-    result = run_sequential(model, plan, opts, device=device, half=args.half, save_dir=args.save_dir,
-                            warmup=args.warmup, progress=not args.quiet)
+    result = run_sequential(model, plan, opts, device=device, save_dir=args.save_dir, save_txt=args.save_txt,
+                            save_conf=args.save_conf, warmup=args.warmup, progress=not args.quiet)
     if args.save_json:
         write_json(args.save_json, result.records)
-    print_summary(result, torch.get_num_threads())
+    print_summary(result, torch.get_num_threads(), model.precision)
     if args.save_dir:
         log.info("annotated images saved to %s", os.path.abspath(args.save_dir))
     return 0
 
 
-def print_summary(result, threads: int) -> None:
+def check_save_options(args: argparse.Namespace) -> None:
+    if args.save_txt and not args.save_dir:
+        raise ValueError("--save-txt: expected --save-dir DIR, the labels go to DIR/labels/")
+    if args.save_conf and not args.save_txt:
+        raise ValueError("--save-conf: expected --save-txt, the scores are written into the label files")
+
+
+def print_summary(result, threads: int, precision: str) -> None:
     per_stage = "  ".join(f"{s} {np.mean(result.stage_ms[s]):.1f}" if result.stage_ms[s] else f"{s} -"
                           for s in SEQUENTIAL_STAGES)
     log.info("ms per image: %s", per_stage)
-    log.info("%d frames in %.2f s: %.2f fps (torch threads: %d); %d failed", result.frames, result.wall_s,
-             result.fps, threads, len(result.failed))
+    log.info("%d frames in %.2f s: %.2f fps (torch threads: %d, %s); %d failed", result.frames, result.wall_s,
+             result.fps, threads, precision, len(result.failed))
     for failure in result.failed:
         log.info("  failed frame %d %s: %s", failure["frame"], failure["image"], failure["reason"])
 

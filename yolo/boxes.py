@@ -1,10 +1,12 @@
-"""Box format conversions and the mapping of boxes from letterboxed to original pixels."""
+"""Box format conversions and the mapping of boxes from letterboxed to original pixels.
+
+The conversions and the clipping are torchvision's (``box_convert``, ``clip_boxes_to_image``),
+named here in this project's words and with a shape check that names the bad shape."""
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
-from torchvision.ops import box_iou
+from torchvision.ops import box_convert, box_iou, clip_boxes_to_image
 
 from yolo.letterbox import LetterboxInfo
 
@@ -26,9 +28,7 @@ def xywh_to_xyxy(boxes: Tensor) -> Tensor:
         Tensor[N, 4]: new tensor of boxes in ``(x1, y1, x2, y2)`` format.
     """
     _check_boxes(boxes)
-    cx, cy, w, h = boxes.unbind(-1)
-    half_w, half_h = w / 2, h / 2
-    return torch.stack((cx - half_w, cy - half_h, cx + half_w, cy + half_h), dim=-1)
+    return box_convert(boxes, "cxcywh", "xyxy")
 
 
 def xyxy_to_xywh(boxes: Tensor) -> Tensor:
@@ -42,8 +42,7 @@ def xyxy_to_xywh(boxes: Tensor) -> Tensor:
         Tensor[N, 4]: new tensor of boxes in ``(cx, cy, w, h)`` format.
     """
     _check_boxes(boxes)
-    x1, y1, x2, y2 = boxes.unbind(-1)
-    return torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), dim=-1)
+    return box_convert(boxes, "xyxy", "cxcywh")
 
 
 def clip_boxes(boxes: Tensor, shape_hw: Sequence[int]) -> Tensor:
@@ -57,11 +56,7 @@ def clip_boxes(boxes: Tensor, shape_hw: Sequence[int]) -> Tensor:
         Tensor[N, 4]: new tensor of clipped boxes.
     """
     _check_boxes(boxes)
-    h, w = shape_hw[0], shape_hw[1]
-    clipped = boxes.clone()
-    clipped[:, 0::2] = clipped[:, 0::2].clamp(0, w)
-    clipped[:, 1::2] = clipped[:, 1::2].clamp(0, h)
-    return clipped
+    return clip_boxes_to_image(boxes, (shape_hw[0], shape_hw[1]))
 
 
 def scale_boxes(boxes: Tensor, info: LetterboxInfo) -> Tensor:

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from yolo.model import ModelConfig, YOLOv5
 from yolo.names import default_names
+from yolo.precision import Precision, check_precision, choose_precision, warn_if_emulated
 
 log = logging.getLogger(__name__)
 
@@ -89,18 +90,28 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 
 def load_model(weights: str | os.PathLike | None, *, preset: str = "yolov5n", device: str | torch.device = "cpu",
-               half: bool = False, fuse: bool = True, inplace: bool = True, channels_last: bool = True,
-               seed: int | None = 0) -> YOLOv5:
+               precision: Precision | None = None, half: bool = False, fuse: bool = True, inplace: bool = True,
+               channels_last: bool = True, seed: int | None = 0) -> YOLOv5:
     """The model ready for inference: from ``weights``, or a random ``preset`` when None.
-    ``channels_last`` (NHWC weights) measured about 20 % less CPU per forward here."""
+
+    ``precision`` is ``fp32``, ``bf16`` or ``fp16`` (see ``YOLOv5.set_precision``); choose it
+    with :func:`yolo.precision.choose_precision`, which refuses an emulated bf16. ``half`` is
+    the older spelling, kept for callers that do not pass ``precision``: it means
+    ``choose_precision(device, half)``. ``channels_last`` (NHWC weights) measured about 20 %
+    less CPU per forward here. Feed the model ``model.input_dtype`` tensors."""
+    if precision is None:
+        precision = choose_precision(device, half)
+    elif half and precision == "fp32":
+        raise ValueError(f"expected precision bf16 or fp16 with half=True, got {precision!r}")
+    check_precision(precision)
+    warn_if_emulated(precision, device)
     model = read_checkpoint(weights).build() if weights else YOLOv5.from_preset(preset, seed=seed)
     model.eval()
     if fuse:
         model.fuse()
     model.set_inplace(inplace)
     model.to(device)
-    if half:
-        model.half()
+    model.set_precision(precision)
     if channels_last:
         model.to(memory_format=torch.channels_last)
     return model.requires_grad_(False)

@@ -17,6 +17,7 @@ import torch
 
 from yolo.boxes import scale_boxes
 from yolo.draw import draw_detections
+from yolo.labels import label_lines, label_path, write_label_file
 from yolo.letterbox import LetterboxInfo, letterbox
 from yolo.tensors import to_tensor
 from yolo.nms import nms_candidates, select_candidates
@@ -33,7 +34,7 @@ class DetectOptions:
     """What decides which boxes come out; validated once, where the options enter."""
 
     imgsz: int = 640
-    rect: bool = False
+    rect: bool = True  # minimal padding, as the pipeline's default
     conf_thres: float = 0.25
     iou_thres: float = 0.45
     classes: tuple[int, ...] | None = None
@@ -120,13 +121,17 @@ class SequentialResult:
 
 
 def run_sequential(model: torch.nn.Module, plan: FramePlan, opts: DetectOptions, *, device: torch.device,
-                   half: bool = False, save_dir: str | None = None, warmup: int = 0,
-                   progress: bool = True) -> SequentialResult:
+                   save_dir: str | None = None, save_txt: bool = False, save_conf: bool = False,
+                   warmup: int = 0, progress: bool = True) -> SequentialResult:
     """Detect on every planned frame, one at a time. The first ``warmup`` frames run but are
-    left out of the stage times and the fps."""
+    left out of the stage times and the fps. With ``save_dir``, annotated images go there, and
+    with ``save_txt`` YOLO label files under its ``labels/`` (first pass of a looped source only;
+    ``save_conf`` adds the scores)."""
+    if save_txt and save_dir is None:
+        raise ValueError("save_txt: expected a save_dir for the labels/ folder, got None")
     result = SequentialResult()
     names = model.names
-    dtype = torch.float16 if half else torch.float32
+    dtype = model.input_dtype
     stride = model.max_stride
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     measured_start = time.perf_counter()
@@ -156,6 +161,9 @@ def run_sequential(model: torch.nn.Module, plan: FramePlan, opts: DetectOptions,
             t5 = time.perf_counter()
             if save_dir is not None:
                 save_image(os.path.join(save_dir, annotated_name(ref.name, ref.cycle)), image)
+            if save_txt and ref.cycle == 0 and len(dets):
+                lines = label_lines(dets, image.shape[:2], save_conf)
+                write_label_file(os.path.join(save_dir, label_path(ref.name)), lines)
             t6 = time.perf_counter()
             result.records.extend(detection_records(dets, ref.name, frame_id, names))
             if frame_id >= warmup:

@@ -1,4 +1,7 @@
-"""Drawing detections on BGR images with per-class colours and labels."""
+"""Drawing detections on BGR images with per-class colours and labels.
+
+Not torchvision's ``draw_bounding_boxes``: it draws on RGB CHW tensors with PIL text and no
+filled label background, so it would need two conversions per frame and look different."""
 
 import colorsys
 from collections.abc import Sequence

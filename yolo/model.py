@@ -15,8 +15,10 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from yolo.names import default_names
+from yolo.precision import Precision, check_precision, input_dtype
 from yolo.presets import PRESETS
 from yolo.timing import timed
 
@@ -49,7 +51,7 @@ class Conv(nn.Module):
 
     def fuse(self) -> None:
         if self.bn is not None:
-            self.conv = fuse_conv_and_bn(self.conv, self.bn)
+            self.conv = fuse_conv_bn_eval(self.conv, self.bn)
             self.bn = None
 
 
@@ -177,13 +179,16 @@ class Detect(nn.Module):
     def forward(self, xs: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
         maps = []
         for i, conv in enumerate(self.m):
-            x = conv(xs[i])
+            # Decode in fp32 whatever the model's precision: bf16 keeps 8 bits of mantissa, so
+            # box coordinates near 640 would come in steps of 4 pixels (fp16: half a pixel).
+            x = conv(xs[i]).float()
             b, _, ny, nx = x.shape
             maps.append(x.view(b, self.na, self.no, ny, nx))  # [B, na, no, ny, nx]
         if self.training:
             return maps
         decode = decode_inplace if self.inplace else decode_outplace
-        return decode(maps, *self._grids(maps))
+        with torch.autocast(maps[0].device.type, enabled=False):
+            return decode(maps, *self._grids(maps))
 
     def _grids(self, maps: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
         key = tuple(m.shape[-2:] for m in maps) + (maps[0].device, maps[0].dtype)
@@ -210,19 +215,6 @@ class Detect(nn.Module):
     def _apply(self, fn, recurse=True):
         self._grid_cache = {}  # device or dtype changed: cached grids are stale
         return super()._apply(fn, recurse)
-
-
-def fuse_conv_and_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
-    """Fold an inference-mode BatchNorm into the preceding convolution."""
-    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
-                      conv.padding, conv.dilation, conv.groups, bias=True).to(conv.weight.device)
-    with torch.no_grad():
-        w = conv.weight.float().view(conv.out_channels, -1)
-        scale = bn.weight.float() / torch.sqrt(bn.running_var.float() + bn.eps)
-        fused.weight.copy_((scale[:, None] * w).view_as(fused.weight))
-        b = torch.zeros(conv.out_channels, device=w.device) if conv.bias is None else conv.bias.float()
-        fused.bias.copy_(bn.bias.float() + scale * (b - bn.running_mean.float()))
-    return fused.to(conv.weight.dtype).requires_grad_(False)
 
 
 MODULES: dict[str, type[nn.Module]] = {
@@ -342,8 +334,9 @@ def build_layers(cfg: ModelConfig) -> tuple[nn.Sequential, list[int | list[int]]
 
 
 class YOLOv5(nn.Module):
-    """YOLOv5 detector. ``forward(x: Tensor[B, 3, H, W] RGB in [0, 1])`` returns
-    Tensor[B, N, 5 + nc] rows of (cx, cy, w, h, objectness, class probabilities) in input pixels."""
+    """YOLOv5 detector. ``forward(x: Tensor[B, 3, H, W] RGB in [0, 1])`` returns float32
+    Tensor[B, N, 5 + nc] rows of (cx, cy, w, h, objectness, class probabilities) in input pixels,
+    whatever the precision (see ``set_precision``); ``x`` must have dtype ``input_dtype``."""
 
     def __init__(self, cfg: ModelConfig, names: Sequence[str] | None = None):
         super().__init__()
@@ -353,6 +346,7 @@ class YOLOv5(nn.Module):
         if len(self.names) != cfg.nc:
             raise ValueError(f"class names: expected {cfg.nc}, got {len(self.names)}")
         self.fused = False
+        self.precision: Precision = "fp32"
         detect = self.detect
         detect.stride.copy_(self._measure_strides())
 
@@ -372,7 +366,27 @@ class YOLOv5(nn.Module):
     def max_stride(self) -> int:
         return int(self.stride.max().item())
 
+    @property
+    def input_dtype(self) -> torch.dtype:
+        return input_dtype(self.precision)
+
+    def set_precision(self, precision: Precision) -> "YOLOv5":
+        """``fp32``; ``fp16``: half weights, half input; ``bf16``: fp32 weights and input, every
+        convolution under bf16 autocast (the layers between them then see bf16 tensors).
+        The head's maps are decoded in fp32 in every precision."""
+        check_precision(precision)
+        if precision == "fp16":
+            self.half()
+        else:
+            self.float()
+        self.precision = precision
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            return self._forward_layers(x)
+
+    def _forward_layers(self, x: torch.Tensor) -> torch.Tensor:
         outputs: list[torch.Tensor | None] = []
         for i, (layer, f) in enumerate(zip(self.model, self.sources)):
             if f != -1:
@@ -413,6 +427,9 @@ class YOLOv5(nn.Module):
 
     def fuse(self) -> "YOLOv5":
         """Fold every BatchNorm into its conv for inference; idempotent."""
+        if self.training:
+            raise RuntimeError("expected an eval-mode model to fuse (BatchNorm folds its running "
+                               "statistics), got one in training mode: call eval() first")
         for m in self.modules():
             if isinstance(m, Conv):
                 m.fuse()

@@ -28,6 +28,15 @@ SYNTHETIC_NOISE_SCALE = 4  # background and grain are drawn at 1/4 size, then up
 GLOB_CHARS = frozenset("*?[")
 
 
+def split_video_frame(name: str) -> tuple[str, int] | None:
+    """``"clip.mp4:000017"`` (a video frame's name, see :meth:`FramePlan.ref`) -> ``("clip.mp4", 17)``,
+    the frame's 0-based index in the video; None for any other frame name."""
+    video, sep, index = name.rpartition(":")
+    if not (sep and video and index.isascii() and index.isdigit()):
+        return None
+    return video, int(index)
+
+
 class FrameReadError(ValueError):
     """A planned frame could not be read: an undecodable image or a video that ended early."""
 
