@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from workers.config import ConfigError, RunConfig
+from yolo.precision import choose_precision, has_native_bf16, read_cpu_flags
 from yolo.presets import MODEL_FREE, PRESETS
 
 LETTERBOX_CHANNELS = 3
@@ -29,17 +30,6 @@ class Machine:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
@@ -62,12 +52,13 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     else:
         devices = ["cpu"]
     machine = Machine(cores=os.cpu_count() or 1, device_type="cuda" if on_cuda else "cpu",
-                      bf16=bool({"avx512_bf16", "amx_bf16"} & cpu_flags()))
+                      bf16=has_native_bf16(read_cpu_flags()))
     if cfg.preset not in PRESETS and cfg.preset != MODEL_FREE:
         raise ConfigError(f"config preset: expected one of {sorted(PRESETS)} or {MODEL_FREE!r}, got {cfg.preset!r}")
-    if cfg.half and not on_cuda and not machine.bf16:
-        raise ConfigError("config half: --half on a CPU means bfloat16, which needs the avx512_bf16 or amx_bf16 "
-                          "instructions; this CPU has neither, so bf16 would run emulated, far slower than fp32")
+    try:
+        choose_precision(devices[0], cfg.half)
+    except ValueError as exc:
+        raise ConfigError(f"config half: {exc}") from None
     names = _class_names(cfg)
     cores = machine.cores
     workers = cfg.workers or cores

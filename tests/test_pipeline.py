@@ -64,7 +64,7 @@ def test_unreadable_frame_is_failed_with_a_reason(tmp_path):
     import numpy as np
     cv2.imwrite(str(src / "ok.png"), np.full((64, 96, 3), 127, np.uint8))
     code, run_dir = run_pipeline(tmp_path, "--source", str(src), "--workers", "1", "--infer-workers", "1")
-    assert code == 0
+    assert code == 3  # finished, but a frame failed
     report = load(run_dir, "report.json")
     assert report["frames"]["in"] == 2 and report["frames"]["processed"] == 1 and report["frames"]["failed"] == 1
     failure = report["frames"]["failures"][0]

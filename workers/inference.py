@@ -20,13 +20,14 @@ from analysis.samples import Samples
 from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
                                setup_logging, test_slowdown_ms, worker_stats)
 from workers.links import Downstream, Upstream
-from workers.messages import FAILED
+from workers.messages import FAILED, PRE_FRAME, check_fields
 from workers.preprocess import LETTERBOX_STRIDE
 from workers.slots import SlotError, SlotViews
-from workers.transport import DropCounter, make_socket, send_message
+from workers.transport import DropCounter, ProtocolError, make_socket, send_message
 from yolo.checkpoint import load_model
 from yolo.detect import DetectOptions, candidates_for_batch
 from yolo.model import C3, SPPF, Bottleneck, Conv, Detect
+from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
 from yolo.tensors import chw_batch_to_input
 from yolo.timing import default_timing_mode, instrument
@@ -49,9 +50,9 @@ class BatchInput:
     """Turns uint8 3xHxW RGB frames into the model's float batch on the device, through a
     reused pinned buffer and a non-blocking copy on CUDA."""
 
-    def __init__(self, device: torch.device, half: bool):
+    def __init__(self, device: torch.device, dtype: torch.dtype):
         self.device = device
-        self.dtype = torch.float16 if half and device.type == "cuda" else torch.float32
+        self.dtype = dtype
         self.pinned: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, images: list[np.ndarray]) -> torch.Tensor:
@@ -76,17 +77,18 @@ class Detector:
         self.device = torch.device(args.device)
         self.model = None
         self.timing = None
-        self.precision = "none"
+        self.precision = choose_precision(self.device, cfg.half)
         if cfg.preset != MODEL_FREE or cfg.weights:
             logging.getLogger("yolo.model").setLevel(logging.ERROR)  # the runner already warned of random weights
-            self.model = load_model(cfg.weights or None, preset=cfg.preset, device=self.device, half=cfg.half,
+            self.model = load_model(cfg.weights or None, preset=cfg.preset, device=self.device, precision=self.precision,
                                     fuse=cfg.fuse, inplace=cfg.inplace, channels_last=cfg.channels_last)
             if self.model.max_stride != LETTERBOX_STRIDE:
                 raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {self.model.max_stride}")
             self.timing = instrument_model(self.model, cfg, self.device)
-            self.precision = "fp16" if cfg.half else "fp32"
+        else:
+            self.precision = "none"
         self.opts: DetectOptions = cfg.detect_options()
-        self.to_batch = BatchInput(self.device, cfg.half)
+        self.to_batch = BatchInput(self.device, self.model.input_dtype if self.model else torch.float32)
         self.shapes_seen: set[tuple] = set()
 
     def candidates(self, images: list[np.ndarray], substages: dict, measured: bool) -> tuple[list[np.ndarray], bool]:
@@ -219,6 +221,12 @@ def run(args: StageArgs) -> None:
 def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, results_out, args: StageArgs) -> None:
     msg = frames_in.receive(socket)
     if msg is None:
+        return
+    try:
+        check_fields(msg.header, PRE_FRAME, "frame")
+    except ProtocolError as exc:
+        frames_in.drops.note(exc, "frames")
+        frames_in.ack(msg.header["id"])
         return
     try:
         image = views.array(msg.header["px"].get("lb"), msg.arrays)

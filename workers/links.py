@@ -62,6 +62,7 @@ class Downstream:
         self.socket = make_socket(ctx, zmq.ROUTER, sndhwm=hwm, rcvhwm=hwm, max_message_bytes=FRAME_LIMITS.header_bytes,
                                   curve=wire.curve, curve_server=True)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone peer raises, not vanishes
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # an identity already taken goes to the newest connection
         self.socket.bind(endpoint)
         self.identity = identity
         self.consumers = frozenset(consumers)

@@ -35,12 +35,10 @@ INT, FLOAT, STR, BOOL, LIST, DICT = "int", "float", "str", "bool", "list", "dict
 OPTIONAL = "?"  # prefix: the field may be absent or None
 
 _TIMES = DICT  # {"read_start": float, ...}: checked by _check_times
-_FRAME_FIELDS = {"id": INT, "name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST,
-                 "lb_shape": LIST, "keep_image": BOOL, "pre": STR, "src": STR, "t": _TIMES, "px": DICT}
 SCHEMAS: dict[str, dict[str, str]] = {
     CREDIT: {"n": INT},
     ACK: {"ids": LIST, "n": INT, "to": STR, "release": "?list"},
-    FRAME: {**_FRAME_FIELDS, "infer": "?str", "batch": "?int", "cold": "?bool"},
+    FRAME: {"id": INT, "src": STR},  # what the link needs; stages check their content (FRAME_CONTENT)
     END: {},
     RELEASE: {"seg": STR, "items": LIST},
     RESULT: {"id": INT, "name": STR, "t": _TIMES, "detections": LIST, "workers": DICT, "batch": INT,
@@ -57,6 +55,10 @@ SCHEMAS: dict[str, dict[str, str]] = {
     STOP: {"reason": STR},
     PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR},
 }
+# What a stage reads in a frame, beyond the link's fields: checked by the receiving stage.
+PRE_FRAME = {"name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST, "lb_shape": LIST,
+             "keep_image": BOOL, "pre": STR, "t": _TIMES, "px": DICT, "release_by": STR}
+INFER_FRAME = {**PRE_FRAME, "infer": STR, "batch": INT, "cold": BOOL}
 _CHECKS = {INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
            FLOAT: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
            STR: lambda v: isinstance(v, str), BOOL: lambda v: isinstance(v, bool),
@@ -68,7 +70,12 @@ def validate(header: dict, expected: frozenset[str] | set[str]) -> dict:
     kind = header.get("type")
     if kind not in expected:
         raise ProtocolError("schema", f"expected a message of type {sorted(expected)}, got {kind!r}")
-    for name, spec in SCHEMAS[kind].items():
+    return check_fields(header, SCHEMAS[kind], kind)
+
+
+def check_fields(header: dict, fields: dict[str, str], kind: str) -> dict:
+    """``header`` if it has ``fields`` of their types (a ``?`` type may be absent or None)."""
+    for name, spec in fields.items():
         optional = spec.startswith(OPTIONAL)
         value = header.get(name)
         if value is None:
@@ -78,9 +85,9 @@ def validate(header: dict, expected: frozenset[str] | set[str]) -> dict:
         if not _CHECKS[spec.lstrip(OPTIONAL)](value):
             raise ProtocolError("schema", f"expected field {name!r} of a {kind!r} message to be {spec.lstrip('?')}, "
                                           f"got {type(value).__name__}")
-    if "t" in SCHEMAS[kind]:
+    if "t" in fields:
         _check_times(header["t"], kind)
-    if kind in (ACK,):
+    if "ids" in fields:
         _check_ints(header["ids"], "ids", kind)
     return header
 

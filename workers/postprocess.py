@@ -19,9 +19,9 @@ from analysis.samples import Samples
 from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
                                setup_logging, test_slowdown_ms, worker_stats)
 from workers.links import Upstream
-from workers.messages import FAILED, RELEASE, RESULT
+from workers.messages import FAILED, INFER_FRAME, RELEASE, RESULT, check_fields
 from workers.slots import SlotError, SlotViews
-from workers.transport import DropCounter, make_socket, send_message
+from workers.transport import DropCounter, ProtocolError, make_socket, send_message
 from yolo.detect import annotated_name, detection_records, final_detections
 from yolo.draw import draw_detections
 from yolo.letterbox import LetterboxInfo
@@ -165,7 +165,12 @@ def run(args: StageArgs) -> None:
                 msg = frames_in.receive(socket)
                 if msg is None:
                     continue
-                h = msg.header
+                try:
+                    h = check_fields(msg.header, INFER_FRAME, "frame")
+                except ProtocolError as exc:
+                    drops.note(exc, "frames")
+                    frames_in.ack(msg.header["id"])
+                    continue
                 measured = h["id"] >= cfg.warmup
                 with clock.busy() as spent:
                     try:

@@ -74,7 +74,7 @@ class FramesOut:
 
     def close(self) -> None:
         if self.ring is not None:
-            self.ring.close()
+            self.ring.close(unlink=False)  # frames may still be read downstream; the runner removes it
 
 
 def run(args: StageArgs) -> None:

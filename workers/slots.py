@@ -132,12 +132,15 @@ class SlotRing:
                 return self.release(slot, frame_id)
         return False
 
-    def close(self) -> None:
-        """Remove the file; mappings that consumers (or views here) still hold stay valid."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+    def close(self, unlink: bool = True) -> None:
+        """Unmap, and remove the file unless ``unlink`` is False: a stage that finishes while
+        readers may still map its slots leaves the file to the runner, which removes every
+        segment of the run when the run ends. Mappings already made stay valid either way."""
+        if unlink:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
         try:
             self._map.close()
         except BufferError:  # numpy views over the map are still alive; unmapped when they go

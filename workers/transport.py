@@ -145,17 +145,17 @@ def _array_from_frame(frame: zmq.Frame, spec: object, position: int, limits: Lim
         raise ProtocolError("arrays", f"expected arrays[{position}] dtype to be bool/int/float/complex, "
                                       f"got {dtype_str!r}")
     if not isinstance(shape, (list, tuple)) or len(shape) > 8 or not all(
-        isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= limits.array_bytes for n in shape
+        isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**40 for n in shape
     ):
         raise ProtocolError("arrays", f"expected arrays[{position}] shape to be up to 8 ints >= 0, got {shape!r}")
     buffer = frame.buffer
     expected = math.prod(shape) * dtype.itemsize
-    if len(buffer) != expected:
-        raise ProtocolError("arrays", f"expected {expected} bytes for arrays[{position}] ({dtype_str}, "
-                                      f"{list(shape)}), got a frame of {len(buffer)} bytes")
     if expected > limits.array_bytes:
         raise ProtocolError("arrays", f"expected arrays[{position}] of at most {limits.array_bytes} bytes, "
                                       f"got {expected}")
+    if len(buffer) != expected:
+        raise ProtocolError("arrays", f"expected {expected} bytes for arrays[{position}] ({dtype_str}, "
+                                      f"{list(shape)}), got a frame of {len(buffer)} bytes")
     array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
     array.flags.writeable = False  # zmq frame buffers are writable memoryviews; the frame is shared
     return array

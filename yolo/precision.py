@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a tensor is made: the runner checks precision without it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def choose_precision(device: torch.device | str, half: bool, *, require_native: 
         ValueError: ``half`` on a CPU without native bf16, the message naming the missing
             instruction sets and the cost of emulation; or a device that is neither CPU nor CUDA.
     """
-    kind = torch.device(device).type
+    kind = _device_type(device)
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"device: expected cpu or cuda, got {str(device)!r}")
     if not half:
@@ -84,7 +85,7 @@ def choose_precision(device: torch.device | str, half: bool, *, require_native: 
 
 def warn_if_emulated(precision: str, device: torch.device | str) -> None:
     """Log a warning when bf16 was asked for directly on a CPU that would emulate it."""
-    if precision == "bf16" and torch.device(device).type == "cpu" and not has_native_bf16(read_cpu_flags()):
+    if precision == "bf16" and _device_type(device) == "cpu" and not has_native_bf16(read_cpu_flags()):
         log.warning("bf16 on a CPU without %s runs emulated, %s", " or ".join(NATIVE_BF16_CPU_FLAGS),
                     EMULATED_BF16_COST)
 
@@ -92,8 +93,14 @@ def warn_if_emulated(precision: str, device: torch.device | str) -> None:
 def input_dtype(precision: str) -> torch.dtype:
     """The dtype of the model's input batch: float16 for fp16 weights; float32 otherwise (bf16
     runs under autocast, which casts at each convolution)."""
+    import torch
     check_precision(precision)
     return torch.float16 if precision == "fp16" else torch.float32
+
+
+def _device_type(device) -> str:
+    """``"cuda"`` for ``cuda``, ``cuda:1`` or a torch device of that type; the text before ':' otherwise."""
+    return getattr(device, "type", None) or str(device).split(":", 1)[0]
 
 
 def _no_native_bf16_message(flags: frozenset[str] | None, cpuinfo_path: str) -> str:
