@@ -132,8 +132,8 @@ def print_outcome(outcome: Outcome) -> None:
     elif outcome.summary:
         print(json.dumps(outcome.summary, indent=1))
     if outcome.reason and outcome.exit_code:
-        log.error("run %s: %s (exit code %d)", os.path.basename(outcome.run_dir or ""), outcome.reason,
-                  outcome.exit_code)
+        run = f"run {os.path.basename(outcome.run_dir)}: " if outcome.run_dir and os.path.isdir(outcome.run_dir) else ""
+        log.error("%s%s (exit code %d)", run, outcome.reason, outcome.exit_code)
 
 
 if __name__ == "__main__":

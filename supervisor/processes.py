@@ -64,8 +64,11 @@ class Launcher:
         extra = self.collector_extra if role == "collector" else ()
         context = self.forked if role in TORCH_ROLES else self.spawn
         process = context.Process(target=run_stage, args=(STAGE_MODULES[role], args, *extra), name=name, daemon=True)
-        with quiet_children():
-            process.start()
+        if context is self.forked:
+            process.start()  # forked by the fork server, which took its signals at warm_up; may wait for it
+        else:
+            with quiet_children():
+                process.start()
         self.processes[name] = process
         self.incarnations[name] = incarnation
 

@@ -235,6 +235,8 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         console.say(f"starting {len(worker_names) + 1} processes...")
         launcher.warm_up()
         for name in ["collector"] + worker_names[::-1]:  # consumers first, so producers find them
+            if interrupts.count:
+                break  # interrupted during start-up: the watch ends it at once
             watch.start_worker(name)
         _watch(watch, progress_in, health_in, token, console)
     finally:
@@ -296,8 +298,8 @@ def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console)
             watch.enter("done", watch.reason or "finished")
             break
         if not watch.health.ready() and watch.interrupts.count and watch.phase == "running":
-            console.say("interrupted during start-up: stopping")
-            watch.reason = f"interrupted by {watch.interrupts.first()} during start-up"
+            what = {"SIGINT": "Ctrl-C"}.get(watch.interrupts.first(), watch.interrupts.first())
+            watch.reason = f"interrupted by {what} during start-up: nothing was run"
             watch.kill_all = True
             watch.enter("done", watch.reason)
             break

@@ -1,9 +1,10 @@
 """Ctrl-C and SIGTERM in the runner: a flag, never an exception in the middle of a loop.
 
 The first one drains the run (stop reading, finish what is in flight, write a partial report),
-the second stops it at once, the third kills every process. Children are started with SIGINT
-blocked and SIGTERM ignored (:func:`quiet_children`), so a Ctrl-C during start-up never prints
-a traceback per process; each stage then takes its own signals (workers.lifecycle.enter_process).
+the second stops it at once, the third kills every process. Children are started with SIGINT and
+SIGTERM ignored (:func:`quiet_children`; an ignored disposition survives exec, a blocked mask does
+not), so a Ctrl-C during start-up never prints a traceback per process, nor kills the fork server
+while it imports torch; each stage then takes its own signals (workers.lifecycle.enter_process).
 """
 
 from __future__ import annotations
@@ -51,13 +52,12 @@ class Interrupts:
 
 @contextlib.contextmanager
 def quiet_children():
-    """Around starting a process: it inherits SIGINT blocked and SIGTERM ignored, and turns
-    both into its own handling once its entry point runs; a signal meanwhile reaches the
-    runner when the block ends (SIGINT) or through its own handler (SIGTERM)."""
-    previous_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """Around starting a process (a few milliseconds: fork and exec, or a request to the fork
+    server): it inherits SIGINT and SIGTERM ignored until its entry point takes them over. A
+    signal to the runner inside this window is lost; the user's next one is not."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous_term)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -210,6 +210,8 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
                 sampler.sample()
                 last_sample = now
         finished_s = time.perf_counter()
+        log.info("every summary in (%d processed, %d failed): writing the run folder", len(ledger.processed),
+                 len(ledger.failed))
         sampler.sample()
         _send_progress(progress_out, ledger, args)
         _account_missing(ledger, plan, expected, control)
@@ -223,6 +225,7 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
         run_data = _run_data(args, ledger, expected, collector_stats, runner_started_s, finished_s, control,
                              detections, sampler, machine, image_error)
         written, write_error = _write_run_folder(args.run_dir, run_data, log)
+        log.info("run folder written in %.2f s", time.perf_counter() - finished_s)
         send_message(progress_out, {"type": FINISHED, "summary": written.pop("summary", {}),
                                     "written": sorted(written), "write_error": write_error,
                                     "missing_workers": expected.waiting_for()}, token=args.wire.token)

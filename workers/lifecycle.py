@@ -98,7 +98,6 @@ def enter_process(args: StageArgs) -> None:
     the whole process group) is the runner's to act on, by draining the run; SIGTERM is noted
     and passed to the runner through the heartbeat, which drains the run the same way."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the runner starts us with it blocked
     signal.signal(signal.SIGTERM, _note_sigterm)
     set_title(args.name)
 
