@@ -11,7 +11,7 @@ import time
 import zmq
 
 from workers.lifecycle import Control, StageArgs, poll, Clock, set_thread_counts, setup_logging
-from workers.report import RunData, write_run_folder
+from analysis.report import RunData, write_run_folder
 from workers.transport import make_socket, recv_message, send_message
 from yolo.timing import aggregate, forward_stats
 

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from workers.stats import fps, measured_window, summarise_ms, utilisation
-from yolo.timing import RESIDUAL_NAME
+from analysis.stats import fps, measured_window, summarise_ms, utilisation
+from yolo.module_stats import RESIDUAL_NAME
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""workers.report on a small hand-built run: 6 frames (2 warm-up) over 2 workers per role, one failure."""
+"""analysis.report on a small hand-built run: 6 frames (2 warm-up) over 2 workers per role, one failure."""
 
 import csv
 import json
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from workers.report import (MODULES_CSV_HEADER, ROLES, RunData, build_report, format_summary, json_safe,
+from analysis.report import (MODULES_CSV_HEADER, ROLES, RunData, build_report, format_summary, json_safe,
                             module_table_rows, write_run_folder)
-from yolo.timing import RESIDUAL_NAME
+from yolo.module_stats import RESIDUAL_NAME
 
 STARTED_S = 100.0
 FRAMES = 6

@@ -1,8 +1,8 @@
-"""workers.stats against hand computations."""
+"""analysis.stats against hand computations."""
 
 import pytest
 
-from workers.stats import fps, measured_window, percentiles, summarise_ms, utilisation
+from analysis.stats import fps, measured_window, percentiles, summarise_ms, utilisation
 
 
 def linear_percentile(values, q):
