@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if finished is None:
         log.error("the run did not finish (%s); no report was written to %s", stop_reason, run_dir)
         return 1
-    from analysis.report import format_summary
+    from analysis.terminal import format_summary
     import json
     with open(os.path.join(run_dir, "report.json")) as f:
         report = json.load(f)

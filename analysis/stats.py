@@ -1,4 +1,4 @@
-"""Pure statistics for the run reports: percentiles, the measured throughput window, utilisation."""
+"""Small pure statistics for the run reports: percentiles, frames per second, utilisation."""
 
 from __future__ import annotations
 
@@ -21,33 +21,19 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = SUMMARY_PERCENTIL
     return {k: float(v) for k, v in zip(keys, found)}
 
 
-def summarise_ms(values: Sequence[float]) -> dict[str, float | int]:
-    """count, mean, p50, p90, p95, p99, max and min of ``values``; count 0 and zeros when empty."""
-    if len(values) == 0:
-        return {"count": 0, "mean": 0.0, **percentiles(values), "max": 0.0, "min": 0.0}
-    a = np.asarray(values, dtype=np.float64)
-    return {"count": int(a.size), "mean": float(a.mean()), **percentiles(a), "max": float(a.max()),
-            "min": float(a.min())}
-
-
-def measured_window(frames: Sequence[dict], warmup_ids: int, started_s: float) -> tuple[float, float, int]:
-    """(start_s, end_s, count): from the last warm-up frame's completion (frames with id below
-    ``warmup_ids``; ``started_s`` when there are none) to the last completion, and the number of
-    non-warm-up frames completed inside that window. Frames carry ``id`` and ``t["post_end"]``."""
-    if not frames:
-        return started_s, started_s, 0
-    warm_ends = [f["t"]["post_end"] for f in frames if f["id"] < warmup_ids]
-    start = max(warm_ends) if warm_ends else started_s
-    end = max(f["t"]["post_end"] for f in frames)
-    count = sum(1 for f in frames if f["id"] >= warmup_ids and f["t"]["post_end"] > start)
-    return start, end, count
-
-
-def fps(count: int, start_s: float, end_s: float) -> float:
-    """Frames per second over [start_s, end_s]; 0 for an empty window."""
-    return count / (end_s - start_s) if end_s > start_s else 0.0
+def fps(count: int, start_s: float, end_s: float) -> float | None:
+    """Frames per second over [start_s, end_s]; None (not 0) when the window is empty or holds
+    no frame: there is no rate to report."""
+    return count / (end_s - start_s) if end_s > start_s and count > 0 else None
 
 
 def utilisation(busy_s: float, wall_s: float) -> float:
     """Busy fraction of the wall time; 0 when no wall time passed."""
     return busy_s / wall_s if wall_s > 0 else 0.0
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None when either is missing or the denominator is not > 0."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator

@@ -2,7 +2,7 @@
 
 import pytest
 
-from analysis.stats import fps, measured_window, percentiles, summarise_ms, utilisation
+from analysis.stats import fps, percentiles, ratio, utilisation
 
 
 def linear_percentile(values, q):
@@ -31,42 +31,21 @@ def test_percentiles_rejects_out_of_range_q():
         percentiles([1.0], qs=(50, 101))
 
 
-def test_summarise_ms():
-    got = summarise_ms([1.0, 2.0, 3.0, 4.0])
-    assert got["count"] == 4 and got["mean"] == 2.5 and got["min"] == 1.0 and got["max"] == 4.0
-    assert got["p50"] == 2.5 and got["p90"] == pytest.approx(3.7)
-    assert set(got) == {"count", "mean", "p50", "p90", "p95", "p99", "max", "min"}
-    assert all(type(v) is float for k, v in got.items() if k != "count")
+def test_percentiles_of_nothing_are_zeros():
+    assert percentiles([]) == {"p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0}
 
 
-def test_summarise_ms_empty_is_zeros():
-    got = summarise_ms([])
-    assert got["count"] == 0 and all(v == 0.0 for v in got.values())
-    assert set(got) == {"count", "mean", "p50", "p90", "p95", "p99", "max", "min"}
-
-
-def frames_ending_at(*ends):
-    return [{"id": i, "t": {"post_end": end}} for i, end in enumerate(ends)]
-
-
-def test_measured_window_without_warmup_starts_at_run_start():
-    frames = frames_ending_at(11.0, 12.0, 13.0, 15.0)
-    assert measured_window(frames, 0, 10.0) == (10.0, 15.0, 4)
+def test_fps_is_none_without_a_rate():
     assert fps(4, 10.0, 15.0) == pytest.approx(0.8)
-
-
-def test_measured_window_starts_at_last_warmup_completion():
-    # frame 1 (warm-up) finishes last of the warm-up at 12.5; frame 2 finished before it and is not counted
-    frames = frames_ending_at(11.0, 12.5, 12.0, 13.0, 14.5)
-    assert measured_window(frames, 2, 10.0) == (12.5, 14.5, 2)
-
-
-def test_measured_window_all_warmup_or_empty():
-    assert measured_window(frames_ending_at(11.0, 12.0), 5, 10.0) == (12.0, 12.0, 0)
-    assert measured_window([], 0, 10.0) == (10.0, 10.0, 0)
-    assert fps(0, 12.0, 12.0) == 0.0
+    assert fps(0, 12.0, 14.0) is None  # no frame: no rate, not 0 fps
+    assert fps(3, 12.0, 12.0) is None
 
 
 def test_utilisation_guards_zero_wall():
     assert utilisation(1.5, 6.0) == 0.25
     assert utilisation(1.0, 0.0) == 0.0
+
+
+def test_ratio():
+    assert ratio(3.0, 4.0) == 0.75
+    assert ratio(None, 4.0) is None and ratio(3.0, 0.0) is None and ratio(3.0, None) is None
