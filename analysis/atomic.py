@@ -24,7 +24,3 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))

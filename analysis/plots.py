@@ -1,5 +1,5 @@
-"""The run folder's plots, drawn with matplotlib's Agg backend (no display needed) and written
-whole or not at all: plots.png (frames completed, fps per window, stability), latency.png
+"""The run folder's plots, drawn with matplotlib's Agg backend (no display needed) into PNG
+bytes that the run folder writes whole or not at all: plots.png (frames completed, fps per window, stability), latency.png
 (histogram and CDF), timeline.png (frames through each process, Gantt-like), modules.png (time
 per outermost module) and resources.png (CPU % and memory per process). A missing or failing
 matplotlib skips the plots with a warning: the other reports stand alone."""
@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 
 import numpy as np
 
-from analysis.atomic import write_bytes_atomic
 from analysis.resources import PSS, RSS, cumulative_cpu
 from analysis.run_data import RunData
 from analysis.stages import ROLES
@@ -29,31 +27,27 @@ STAGE_COLOURS = {"pre": "tab:blue", "infer": "tab:orange", "post": "tab:green"}
 MIB = 1 << 20
 
 
-def write_plots(run_dir: str, run: RunData, report: dict) -> tuple[list[str], dict[str, str]]:
-    """Draw and write every plot that has data; (names written, {name: error} for those the
-    disk refused)."""
+def render_plots(run: RunData, report: dict) -> dict[str, bytes]:
+    """{file name: PNG bytes} of every plot that has data to show; {} without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as exc:
         log.warning("no plots: matplotlib unavailable (%s)", exc)
-        return [], {}
+        return {}
     figures = {"plots.png": throughput_figure, "latency.png": latency_figure, "timeline.png": timeline_figure,
                "modules.png": modules_figure, "resources.png": resources_figure}
-    written, failed = [], {}
+    rendered = {}
     for name, draw in figures.items():
         try:
             data = _render(plt, draw, run, report)
-            if data is None:
-                continue
-            write_bytes_atomic(os.path.join(run_dir, name), data)
-            written.append(name)
-        except OSError as exc:
-            failed[name] = f"{exc.strerror or exc} ({exc.__class__.__name__})"
-        except (RuntimeError, ValueError, TypeError) as exc:
+        except (RuntimeError, ValueError, TypeError, OSError) as exc:
             log.warning("no %s: matplotlib failed (%s)", name, exc)
-    return written, failed
+            continue
+        if data is not None:
+            rendered[name] = data
+    return rendered
 
 
 def _render(plt, draw, run: RunData, report: dict) -> bytes | None:

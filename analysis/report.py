@@ -3,7 +3,8 @@ from what the collector gathered (``RunData``); and the one JSON summary object 
 
 Every file is written whole or not at all (``analysis.atomic``); a file that cannot be written
 (a full disk) is reported in the returned summary and the others are still tried, so the
-summary can be printed whatever happened to the files."""
+summary can be printed whatever happened to the files. report.md links the plots that could be
+drawn; on a full disk a link may point at a plot that could not be written."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import math
 import os
 from typing import Any, Callable
 
-from analysis.atomic import write_text_atomic
+from analysis.atomic import write_bytes_atomic
 from analysis.bottleneck import diagnose
 from analysis.markdown import markdown
-from analysis.plots import write_plots
+from analysis.plots import render_plots
 from analysis.resources import resource_report
 from analysis.run_data import RunData
 from analysis.samples import summarise_ms
@@ -42,33 +43,32 @@ OTHER_PROCESS_ROLES = ("collector", "runner")
 
 def write_run_folder(run_dir: str, run: RunData) -> dict:
     """Write every report into ``run_dir`` (which exists) and return the summary, with
-    ``files``: {"written": [names], "failed": {name: error}}. report.json is written last, so
-    it lists the files written before it."""
+    ``files``: {"written": [names], "failed": {name: error}}. The most useful files go first, so
+    a nearly full disk keeps them: report.json, report.md, detections.json, modules.csv, the
+    plots, and trace.json (the largest) last."""
     report = build_report(run)
     summary = report["summary"]
     summary["run_dir"] = run_dir
+    plots = render_plots(run, report)
+    report["plots"] = list(plots)
     written: list[str] = []
     failed: dict[str, str] = {}
-    summary["files"] = {"written": written, "failed": failed}
-
-    def attempt(name: str, render: Callable[[], str]) -> None:
+    files: list[tuple[str, Callable[[], bytes]]] = [
+        ("report.json", lambda: json_text(report, indent=1).encode()),
+        ("report.md", lambda: markdown(report).encode()),
+        ("detections.json", lambda: json_text(run.detections, indent=1).encode()),
+        ("modules.csv", lambda: modules_csv(run.module_rows).encode()),
+        *((name, lambda data=data: data) for name, data in plots.items()),
+        ("trace.json", lambda: json_text(trace_events(run)).encode())]
+    for name, render in files:
         try:
-            write_text_atomic(os.path.join(run_dir, name), render())
+            write_bytes_atomic(os.path.join(run_dir, name), render())
             written.append(name)
         except OSError as exc:
             failed[name] = f"{exc.strerror or exc} ({exc.__class__.__name__})"
-
-    attempt("detections.json", lambda: json_text(run.detections, indent=1))
-    attempt("modules.csv", lambda: modules_csv(run.module_rows))
-    attempt("trace.json", lambda: json_text(trace_events(run)))
-    plots_written, plots_failed = write_plots(run_dir, run, report)
-    written += plots_written
-    failed.update(plots_failed)
-    report["plots"] = plots_written
-    attempt("report.md", lambda: markdown(report))
-    attempt("report.json", lambda: json_text(report, indent=1))
     if failed:
         log.error("could not write %s in %s: %s", ", ".join(failed), run_dir, next(iter(failed.values())))
+    summary["files"] = {"written": written, "failed": failed}
     return summary
 
 
