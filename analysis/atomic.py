@@ -6,12 +6,15 @@ temporary file behind."""
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
+
+NEW_FILE_MODE = 0o666  # less the umask, as open() would give
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
     folder, name = os.path.split(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, NEW_FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -21,7 +21,7 @@ from yolo.module_stats import RESIDUAL_NAME
 log = logging.getLogger(__name__)
 
 PLOT_DPI = 80
-TIMELINE_MAX_FRAMES = 300  # frames drawn in timeline.png, from the start of the measured window
+TIMELINE_MAX_FRAMES = 60  # frames drawn in timeline.png, from the start of the measured window
 TOP_PLOTTED_MODULES = 20
 STAGE_COLOURS = {"pre": "tab:blue", "infer": "tab:orange", "post": "tab:green"}
 MIB = 1 << 20
@@ -135,13 +135,13 @@ def timeline_figure(plt, run: RunData, report: dict):
             if name in rows:
                 bars.setdefault(rows[name], []).append((f["t"][t0] - run.started_s, f["t"][t1] - f["t"][t0]))
         for row, spans in bars.items():
-            axes.broken_barh(spans, (row - 0.4, 0.8), facecolors=STAGE_COLOURS[role], edgecolors="white",
-                             linewidth=0.3, label=label if row == min(bars) else None)
+            axes.broken_barh(spans, (row - 0.4, 0.8), facecolors=STAGE_COLOURS[role], edgecolors="black",
+                             linewidth=0.4, label=label if row == min(bars) else None)
     axes.set_yticks(list(rows.values()), list(rows))
     axes.invert_yaxis()
-    axes.set(xlabel="s since the first read",
-             title=f"frames {frames[0]['id']}..{frames[-1]['id']} ({len(frames)}) through each process")
-    axes.legend(loc="upper right", fontsize="small")
+    axes.set_xlabel("s since the first read")
+    axes.set_title(f"frames {frames[0]['id']}..{frames[-1]['id']} ({len(frames)}) through each process", loc="left")
+    axes.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize="small", frameon=False)
     return fig
 
 
@@ -170,7 +170,7 @@ def modules_figure(plt, run: RunData, report: dict):
 def resources_figure(plt, run: RunData, report: dict):
     if not run.resources:
         return None
-    fig, (cpu_axes, memory_axes) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    fig, (cpu_axes, memory_axes) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
     for name, entry in sorted(run.resources.items()):
         samples = entry.get("samples", [])
         if len(samples) < 2:
@@ -184,5 +184,5 @@ def resources_figure(plt, run: RunData, report: dict):
     cpu_axes.set(ylabel="CPU % (100 = one core)", title="CPU per process")
     memory_axes.set(xlabel="s since the first read", ylabel="PSS MiB (RSS where PSS is unknown)",
                     title="memory per process")
-    cpu_axes.legend(loc="upper right", fontsize="x-small", ncol=2)
+    cpu_axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig

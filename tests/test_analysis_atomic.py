@@ -100,3 +100,12 @@ def test_run_folder_on_a_real_full_tmpfs(tmp_path):
     assert not [name for name in files if name.endswith(".partial")]
     assert set(files) == set(reported["written"])  # every file on disk was reported written, whole
     assert "report.json" in files and "report.md" in files  # the most useful files go first
+
+
+def test_new_files_get_the_usual_permissions(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        write_bytes_atomic(str(tmp_path / "report.md"), b"text")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "report.md").stat().st_mode & 0o777 == 0o644

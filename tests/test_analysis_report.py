@@ -4,6 +4,9 @@ failure; the workers send plain lists of ms (as older workers did) except where 
 import csv
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -241,3 +244,17 @@ def test_json_safe():
     assert json_safe({"a": (1, np.float32(0.5), np.int64(3)), "b": float("inf")}) == {"a": [1, 0.5, 3], "b": None}
     with pytest.raises(ValueError, match="expected JSON-able data"):
         json_safe({"a": object()})
+
+
+def test_analysis_does_not_import_torch(tmp_path):
+    """The collector process writes the run folder without loading torch."""
+    code = ("import sys\n"
+            "from analysis.report import write_run_folder, json_summary\n"
+            "from analysis.terminal import format_summary\n"
+            "from tests.analysis_runs import steady_run\n"
+            f"summary = write_run_folder({str(tmp_path)!r}, steady_run())\n"
+            "format_summary(summary)\n"
+            "assert summary['files']['failed'] == {}, summary['files']\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
