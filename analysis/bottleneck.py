@@ -48,7 +48,7 @@ def cpu_shares(cpu_by_role: dict[str, float], cpu_ms_per_frame: float | None) ->
 def busiest(stages: dict) -> str | None:
     """The role whose workers were busiest by wall time; the larger CPU per frame on a tie."""
     present = [r for r in ROLES if stages[r]["workers"]]
-    return max(present, key=lambda r: (stages[r]["utilisation"], stages[r]["cpu_utilisation"]), default=None)
+    return max(present, key=lambda r: (stages[r]["utilisation"], stages[r]["cpu_utilisation"] or 0.0), default=None)
 
 
 def queue_evidence(stages: dict, role: str) -> str:
@@ -117,7 +117,7 @@ class Levers:
             return None
         smaller = max(MIN_IMGSZ, int(imgsz * SMALLER_IMGSZ) // IMGSZ_STEP * IMGSZ_STEP)
         kept = (smaller / imgsz) ** 2
-        infer_cpu = infer["cpu_ms_per_frame"]["mean"] or infer["busy_cpu_ms_per_frame"] or 0.0
+        infer_cpu = infer["cpu_ms_mean"] or 0.0
         if not self.cpu_ms or infer_cpu < LEVER_MIN_SHARE * self.cpu_ms:
             return None
         after = self.bound_after("infer", (infer["capacity"]["ms_per_frame"] or 0.0) * (1 - kept),

@@ -166,21 +166,17 @@ def stage_lines(report: dict) -> list[str]:
         stage = report["stages"][role]
         for w in stage["per_worker"]:
             rows.append([role, process_label(w), str(w["frames"]), _f(w["ms_per_frame"]["p50"]),
-                         _f(w["ms_per_frame"]["mean"]), _f(_cpu_mean(w)), _pct(w["utilisation"]),
+                         _f(w["ms_per_frame"]["mean"]), _f(w["cpu_ms_mean"]), _pct(w["utilisation"]),
                          _pct(w["cpu_utilisation"]), _f(w["wait_in_s"], 2), _f(w["blocked_out_s"], 2),
                          _mib(w["peak_pss_bytes"])])
         rows.append([f"**{role}**", f"{stage['workers']} workers", str(stage["frames"]),
-                     _f(stage["ms_per_frame"]["p50"]), _f(stage["ms_per_frame"]["mean"]), _f(_cpu_mean(stage)),
+                     _f(stage["ms_per_frame"]["p50"]), _f(stage["ms_per_frame"]["mean"]), _f(stage["cpu_ms_mean"]),
                      _pct(stage["utilisation"]), _pct(stage["cpu_utilisation"]), _f(stage["wait_in_s"], 2),
                      _f(stage["blocked_out_s"], 2), _mib(stage["peak_pss_bytes"])])
     lines = ["## Stages", "", "Wall ms per frame beside CPU ms per frame (the main thread's); busy % by wall time "
              "and by CPU time; peak PSS in MiB.", ""]
     return lines + _table(["stage", "worker", "frames", "wall ms p50", "wall ms mean", "CPU ms mean", "busy %",
                            "CPU busy %", "wait in s", "blocked out s", "peak PSS MiB"], rows) + [""]
-
-
-def _cpu_mean(row: dict) -> float | None:
-    return row["cpu_ms_per_frame"]["mean"] if row["cpu_ms_per_frame"]["count"] else row["busy_cpu_ms_per_frame"]
 
 
 def resource_lines(report: dict) -> list[str]:

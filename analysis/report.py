@@ -178,7 +178,8 @@ def cpu_report(usage: dict, stages: dict, window, cores: int | None, fps: float 
     """CPU ms the pipeline spends per frame completed in the window, in all and by role, and the
     cores' saturation. From the resource samples (every process, every thread, idle polling
     included) when there are some; else from the stages' own busy CPU (runner, collector and
-    idle time not counted: an underestimate)."""
+    idle time not counted: an underestimate); without any CPU time, no CPU per frame and the
+    saturation estimated from busy wall time."""
     processes = usage["processes"]
     if processes and window.completed:
         by_role: dict[str, float] = {}
@@ -188,15 +189,19 @@ def cpu_report(usage: dict, stages: dict, window, cores: int | None, fps: float 
         return {"cpu_ms_per_frame": 1e3 * usage["window_cpu_s"] / window.completed, "by_role": by_role,
                 "window_cpu_s": usage["window_cpu_s"], "saturation": usage["saturation"], "cores": cores,
                 "source": "resource samples of every process"}
-    by_role = {role: _stage_cpu_ms(stages[role]) for role in ROLES if stages[role]["frames"]}
-    total = sum(by_role.values()) or None
-    return {"cpu_ms_per_frame": total, "by_role": by_role, "window_cpu_s": None, "cores": cores,
-            "saturation": ratio(fps * total, 1e3 * cores) if fps and total and cores else None,
-            "source": "stages' busy CPU (no resource samples: runner, collector and idle CPU not counted)"}
-
-
-def _stage_cpu_ms(stage: dict) -> float:
-    return stage["cpu_ms_per_frame"]["mean"] or stage["busy_cpu_ms_per_frame"] or stage["ms_per_frame"]["mean"]
+    by_role = {role: stages[role]["cpu_ms_mean"] for role in ROLES if stages[role]["frames"]}
+    total = sum(by_role.values()) if by_role and None not in by_role.values() else None
+    if total:
+        return {"cpu_ms_per_frame": total, "by_role": by_role, "window_cpu_s": None, "cores": cores,
+                "saturation": ratio(fps * total, 1e3 * cores) if fps and cores else None,
+                "source": "stages' busy CPU (no resource samples: runner, collector and idle CPU not counted)"}
+    # No CPU time at all: the stages' busy wall time bounds the cores' use from above (a process
+    # waiting for a core still counts as busy), so "saturated" here errs towards less work per
+    # frame, never towards more processes.
+    busy_cores = sum(w["utilisation"] for role in ROLES for w in stages[role]["per_worker"])
+    return {"cpu_ms_per_frame": None, "by_role": {}, "window_cpu_s": None, "cores": cores,
+            "saturation": ratio(busy_cores, cores) if busy_cores else None,
+            "source": "none: no resource samples and no CPU time from the workers; saturation from busy wall time"}
 
 
 def link_report(links: dict) -> dict:
@@ -224,8 +229,7 @@ def summary_of(report: dict) -> dict:
             "stop_signal": report["stop"]["signal"], "images_saved": report["outputs"]["images_saved"],
             "image_error": report["outputs"]["image_error"],
             "stages": {role: {"workers": s["workers"], "ms_per_frame": s["ms_per_frame"]["mean"],
-                              "cpu_ms_per_frame": s["cpu_ms_per_frame"]["mean"] if s["cpu_ms_per_frame"]["count"]
-                              else s["busy_cpu_ms_per_frame"],
+                              "cpu_ms_per_frame": s["cpu_ms_mean"],
                               "utilisation": s["utilisation"], "cpu_utilisation": s["cpu_utilisation"],
                               "capacity_fps": s["capacity"]["fps"], "peak_pss_bytes": s["peak_pss_bytes"]}
                        for role, s in stages.items()}}

@@ -27,7 +27,7 @@ def worker_report(w: dict, usage: dict | None = None) -> dict:
     frames = w.get("frames", 0)
     busy_cpu_s = w.get("busy_cpu_s")
     usage = usage or {}
-    return {**{k: w.get(k) for k in WORKER_FIELDS}, "incarnation": w.get("incarnation", 0),
+    row = {**{k: w.get(k) for k in WORKER_FIELDS}, "incarnation": w.get("incarnation", 0),
             "batches": w.get("batches", 0),
             "ms_per_frame": as_samples(w.get("frame_ms")).summary(),
             "cpu_ms_per_frame": as_samples(w.get("frame_cpu_ms")).summary(),
@@ -39,6 +39,8 @@ def worker_report(w: dict, usage: dict | None = None) -> dict:
             "dropped_messages": dict(w.get("dropped_messages") or {}),
             "peak_rss_bytes": usage.get("peak_rss_bytes"), "peak_pss_bytes": usage.get("peak_pss_bytes"),
             "cpu_percent_mean": usage.get("cpu_percent_mean")}
+    row["cpu_ms_mean"] = cpu_ms_mean(row)
+    return row
 
 
 def stage_report(members: list[dict], usage: dict[str, dict]) -> dict:
@@ -47,7 +49,7 @@ def stage_report(members: list[dict], usage: dict[str, dict]) -> dict:
     every worker's samples. ``capacity`` is what ``stage_capacity`` finds."""
     wall = sum(w["wall_s"] for w in members)
     busy = sum(w["busy_s"] for w in members)
-    busy_cpu = sum(w.get("busy_cpu_s") or 0.0 for w in members)
+    busy_cpu = _sum_known(w.get("busy_cpu_s") for w in members)  # None from workers that send no CPU time
     frames = sum(w.get("frames", 0) for w in members)
     wall_ms = pooled(w.get("frame_ms") for w in members)
     cpu_ms = pooled(w.get("frame_cpu_ms") for w in members)
@@ -61,15 +63,23 @@ def stage_report(members: list[dict], usage: dict[str, dict]) -> dict:
               "blocked_out_s": sum(w["blocked_out_s"] for w in members),
               "ms_per_frame": wall_ms.summary(), "cpu_ms_per_frame": cpu_ms.summary(),
               "busy_cpu_ms_per_frame": ratio(1e3 * busy_cpu, frames) if busy_cpu else None,
-              "utilisation": utilisation(busy, wall), "cpu_utilisation": utilisation(busy_cpu, wall),
+              "utilisation": utilisation(busy, wall),
+              "cpu_utilisation": None if busy_cpu is None else utilisation(busy_cpu, wall),
               "wait_fraction": utilisation(sum(w["wait_in_s"] for w in members), wall),
               "blocked_fraction": utilisation(sum(w["blocked_out_s"] for w in members), wall),
               "substages_ms": {name: pooled(series).summary() for name, series in substages.items()},
               "substages_total_ms": {name: pooled(series).sum for name, series in substages.items()},
               "peak_pss_bytes": _sum_known(usage.get(w["name"], {}).get("peak_pss_bytes") for w in members),
               "per_worker": [worker_report(w, usage.get(w["name"])) for w in members]}
+    report["cpu_ms_mean"] = cpu_ms_mean(report)
     report["capacity"] = stage_capacity(members, report)
     return report
+
+
+def cpu_ms_mean(row: dict) -> float | None:
+    """Mean CPU ms per frame of a worker or stage row: from the per-frame CPU samples, else from
+    its busy CPU time over its frames; None without CPU time."""
+    return row["cpu_ms_per_frame"]["mean"] if row["cpu_ms_per_frame"]["count"] else row["busy_cpu_ms_per_frame"]
 
 
 def stage_capacity(members: list[dict], stage: dict) -> dict:
@@ -78,8 +88,7 @@ def stage_capacity(members: list[dict], stage: dict) -> dict:
     wall ms on a device or where several threads share the work (the main thread's CPU time
     would miss theirs), and wall ms where no CPU time was sent. No frames: fps None."""
     on_device = any(str(w.get("device") or "cpu").startswith("cuda") for w in members)
-    cpu_ms = stage["cpu_ms_per_frame"]["mean"] if stage["cpu_ms_per_frame"]["count"] else \
-        stage["busy_cpu_ms_per_frame"]
+    cpu_ms = stage["cpu_ms_mean"]
     if on_device or any(runs_in_parallel(w) for w in members) or not cpu_ms:
         basis, ms = "wall", stage["ms_per_frame"]["mean"] if stage["ms_per_frame"]["count"] else \
             ratio(1e3 * stage["busy_s"], stage["frames"])
@@ -88,6 +97,6 @@ def stage_capacity(members: list[dict], stage: dict) -> dict:
     return {"fps": ratio(1e3 * stage["workers"], ms), "ms_per_frame": ms, "basis": basis}
 
 
-def _sum_known(values) -> int | None:
+def _sum_known(values) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None

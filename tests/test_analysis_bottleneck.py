@@ -113,3 +113,29 @@ def test_without_resource_samples_the_stages_cpu_is_used():
     assert cpu["cpu_ms_per_frame"] == pytest.approx(10 + 30 + 10) and "no resource samples" in cpu["source"]
     assert cpu["saturation"] == pytest.approx(20 * 50 / 2000)
     assert report["bottleneck"]["cores_bound_fps"] == pytest.approx(2000 / 50)
+
+
+def without_cpu_time(run):
+    for w in run.workers:
+        for key in ("busy_cpu_s", "cpu_s", "frame_cpu_ms"):
+            w.pop(key)
+    return run
+
+
+def test_workers_without_cpu_time_give_no_cpu_figures():
+    report = build_report(without_cpu_time(steady_run(resources=False, cores=8)))
+    assert report["cpu"]["cpu_ms_per_frame"] is None
+    # busy by wall time: 2 x 0.2 + 2 x 0.6 + 2 x 0.2 of 8 cores (the stages only)
+    assert report["cpu"]["saturation"] == pytest.approx(2.0 / 8)
+    neck = report["bottleneck"]
+    assert neck["cores_bound_fps"] is None and neck["limit"] == "stage"
+    # wall ms instead: infer 2 x 1000 / 30
+    assert neck["bound_kind"] == "infer" and neck["bound_fps"] == pytest.approx(2000 / 30)
+    assert report["stages"]["infer"]["capacity"]["basis"] == "wall"
+    assert report["stages"]["infer"]["cpu_utilisation"] is None
+
+
+def test_without_cpu_time_busy_processes_filling_the_cores_get_no_more_processes():
+    report = build_report(without_cpu_time(steady_run(resources=False, cores=2)))
+    assert report["cpu"]["saturation"] == pytest.approx(2.0 / 2)
+    assert report["bottleneck"]["limit"] == "cores" and "workers" not in all_lever_text(report)
