@@ -17,7 +17,7 @@ from analysis.stages import ROLE_NAMES, ROLES
 from analysis.stats import ratio
 
 CORES_SATURATED = 0.90  # CPU used / (cores x window) from which the cores are the limit
-STAGE_BUSY = 0.50  # below this, no stage limits: too few frames in flight, or the source
+STAGE_BUSY = 0.75  # below this, no stage limits: too few frames in flight, or the source
 LEVER_MIN_SHARE = 0.05  # a part of the work worth naming takes at least this share of a frame's CPU
 QUEUE_NOTE = 0.10  # mention a neighbour's wait or block from this share of its time
 MIN_IMGSZ = 320
@@ -127,15 +127,21 @@ class Levers:
                          "pixels (small objects are found less well)"),
                 "bound_fps_after": after["bound_fps"]}
 
-    def more_workers(self, role: str) -> dict:
+    def more_workers(self, role: str) -> dict | None:
+        """One more worker for ``role``; None when the bound would not move (another limit is lower)."""
         count = self.stages[role]["workers"]
         after = self.bound_after(role, workers=count + 1)
         cap, new_cap = self.capacities[role], after["stage_capacity_fps"][role]
-        text = f"add --{role}-workers (now {count})"
-        if cap and new_cap:
-            text += (f": {ROLE_NAMES[role]}'s capacity would rise from {cap:.1f} to {new_cap:.1f} fps and the bound "
-                     f"to {after['bound_fps']:.1f} fps ({_kind_name(after['bound_kind'])})")
-        return {"flag": f"--{role}-workers {count + 1}", "text": text, "bound_fps_after": after["bound_fps"]}
+        if not cap or not new_cap:
+            return {"flag": f"--{role}-workers {count + 1}", "text": f"add --{role}-workers (now {count})",
+                    "bound_fps_after": None}
+        if self.now["bound_fps"] and after["bound_fps"] <= self.now["bound_fps"] * 1.01:
+            return None
+        return {"flag": f"--{role}-workers {count + 1}",
+                "text": (f"add --{role}-workers (now {count}): {ROLE_NAMES[role]}'s capacity would rise from "
+                         f"{cap:.1f} to {new_cap:.1f} fps and the bound to {after['bound_fps']:.1f} fps "
+                         f"({_kind_name(after['bound_kind'])})"),
+                "bound_fps_after": after["bound_fps"]}
 
 
 def _gain(now: dict, after: dict) -> str:
@@ -208,12 +214,16 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict) -> dict:
         candidates.append(levers.more_workers(role))
     else:
         limit = "flow"
-        evidence = f"no stage is busy half its time ({evidence}): too few frames are in flight, or the source is slow"
+        evidence = (f"no stage is busy {100 * STAGE_BUSY:.0f} % of its time ({evidence}): too few frames are in "
+                    "flight, or the source is slow")
         candidates = [{"flag": "--prefetch", "text": f"raise --prefetch (now {config.get('prefetch', '?')}) "
                                                      "to keep more frames in flight", "bound_fps_after": None}]
     chosen = _ranked([c for c in candidates if c is not None])
-    return {**result, "limit": limit, "evidence": evidence, "levers": chosen,
-            "hint": chosen[0]["text"] if chosen else ""}
+    hint = chosen[0]["text"] if chosen else ""
+    if not chosen and levers.now["bound_fps"]:
+        hint = (f"no change to {ROLE_NAMES[role]} alone would raise the bound ({levers.now['bound_fps']:.1f} fps, "
+                f"set by {_kind_name(levers.now['bound_kind'])})")
+    return {**result, "limit": limit, "evidence": evidence, "levers": chosen, "hint": hint}
 
 
 def _ranked(levers: list[dict]) -> list[dict]:

@@ -123,10 +123,10 @@ def without_cpu_time(run):
 
 
 def test_workers_without_cpu_time_give_no_cpu_figures():
-    report = build_report(without_cpu_time(steady_run(resources=False, cores=8)))
+    report = build_report(without_cpu_time(steady_run(resources=False, cores=8, busy={"infer": 0.9})))
     assert report["cpu"]["cpu_ms_per_frame"] is None
-    # busy by wall time: 2 x 0.2 + 2 x 0.6 + 2 x 0.2 of 8 cores (the stages only)
-    assert report["cpu"]["saturation"] == pytest.approx(2.0 / 8)
+    # busy by wall time: 2 x 0.2 + 2 x 0.9 + 2 x 0.2 of 8 cores (the stages only)
+    assert report["cpu"]["saturation"] == pytest.approx(2.6 / 8)
     neck = report["bottleneck"]
     assert neck["cores_bound_fps"] is None and neck["limit"] == "stage"
     # wall ms instead: infer 2 x 1000 / 30
@@ -136,6 +136,16 @@ def test_workers_without_cpu_time_give_no_cpu_figures():
 
 
 def test_without_cpu_time_busy_processes_filling_the_cores_get_no_more_processes():
-    report = build_report(without_cpu_time(steady_run(resources=False, cores=2)))
-    assert report["cpu"]["saturation"] == pytest.approx(2.0 / 2)
+    report = build_report(without_cpu_time(steady_run(resources=False, cores=2, busy={"infer": 0.9})))
+    assert report["cpu"]["saturation"] == pytest.approx(2.6 / 2)
     assert report["bottleneck"]["limit"] == "cores" and "workers" not in all_lever_text(report)
+
+
+def test_more_workers_are_not_offered_when_another_limit_is_lower():
+    # inference is the busiest stage (90 %) and could do 2 x 1000 / 30 = 66.7 fps, but 2 cores at 52 CPU-ms a
+    # frame bound the run at 38.5 fps (at 30 fps they are 78 % busy): a third inference worker moves nothing
+    report = build_report(steady_run(cores=2, period_s=1 / 30, busy={"infer": 0.9}))
+    neck = report["bottleneck"]
+    assert neck["bound_kind"] == "cores" and report["cpu"]["saturation"] < 0.9
+    assert neck["limit"] == "stage" and neck["levers"] == []
+    assert neck["hint"] == "no change to inference alone would raise the bound (38.5 fps, set by the CPU cores)"
