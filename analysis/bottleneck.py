@@ -46,7 +46,7 @@ def cpu_shares(cpu_by_role: dict[str, float], cpu_ms_per_frame: float | None) ->
 
 
 def busiest(stages: dict) -> str | None:
-    """The role whose workers were busiest by wall time; the larger CPU per frame on a tie."""
+    """The role whose workers were busiest by wall time; the busier by CPU time on a tie."""
     present = [r for r in ROLES if stages[r]["workers"]]
     return max(present, key=lambda r: (stages[r]["utilisation"], stages[r]["cpu_utilisation"] or 0.0), default=None)
 
@@ -185,7 +185,8 @@ def batch_lever(device_type: str, config: dict) -> dict | None:
 def diagnose(stages: dict, cpu: dict, config: dict, machine: dict) -> dict:
     """{"stage", "limit", "evidence", "hint", "levers", "cpu_shares", **pipeline_bound}: which
     stage limits and what limits the pipeline ("cores", "stage" or "flow": no stage busy), the
-    queue states that show it, and the levers that fit, best estimated gain first."""
+    queue states that show it, and the levers that fit, ranked by ``_ranked``; ``hint`` is the
+    first lever, or what sets the bound when no lever fits."""
     device_type = machine.get("device_type", "cpu")
     levers = Levers(stages, cpu.get("cores"), cpu.get("cpu_ms_per_frame"))
     shares = cpu_shares(cpu.get("by_role", {}), cpu.get("cpu_ms_per_frame"))

@@ -38,7 +38,6 @@ STAGE_INTERVALS = {"pre": ("read_start", "pre_end"), "queue_pre_infer": ("pre_en
                    "post": ("post_start", "post_end")}
 MODULES_CSV_HEADER = ("name", "type", "params", "input_shape", "calls", "total_ms", "mean_ms", "p50_ms", "p95_ms",
                       "share", "outermost")
-OTHER_PROCESS_ROLES = ("collector", "runner")
 
 
 def write_run_folder(run_dir: str, run: RunData) -> dict:
