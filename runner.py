@@ -124,13 +124,9 @@ def warn_oversubscription(cfg, cores: int, on_cuda: bool) -> None:
 
 
 def print_outcome(outcome: Outcome) -> None:
-    report_path = os.path.join(outcome.run_dir or "", "report.json")
-    if outcome.summary and os.path.isfile(report_path):
-        from workers.report import format_summary
-        with open(report_path) as f:
-            print(format_summary(outcome.summary, json.load(f)))
-    elif outcome.summary:
-        print(json.dumps(outcome.summary, indent=1))
+    if outcome.summary:
+        from analysis.terminal import format_summary
+        print(format_summary(outcome.summary))
     if outcome.reason and outcome.exit_code:
         run = f"run {os.path.basename(outcome.run_dir)}: " if outcome.run_dir and os.path.isdir(outcome.run_dir) else ""
         log.error("%s%s (exit code %d)", run, outcome.reason, outcome.exit_code)

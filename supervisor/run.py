@@ -351,10 +351,10 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
             _remove_empty_run_dir(run_dir)
     elif watch.aborted or finished is None:
         outcome.exit_code = EXIT_ABORTED
-    elif summary and summary.get("failed", 0) and not cfg.allow_failures:
+    elif summary and (summary.get("failed", 0) + summary.get("lost", 0)) and not cfg.allow_failures:
         outcome.exit_code = EXIT_FRAMES_FAILED
-        outcome.reason = (f"{summary['failed']} of {summary.get('frames_in')} frames failed (listed in report.md; "
-                          "--allow-failures makes this exit 0)")
+        outcome.reason = (f"{summary['failed'] + summary.get('lost', 0)} of {summary.get('frames_in')} frames failed "
+                          "(listed in report.md; --allow-failures makes this exit 0)")
     elif not report_written or (finished or {}).get("write_error") or (summary or {}).get("image_error"):
         outcome.exit_code = EXIT_OUTPUT_INCOMPLETE
         outcome.reason = (finished or {}).get("write_error") or (summary or {}).get("image_error") or \

@@ -224,10 +224,10 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
                            "substages_ms": {}, "dropped_messages": dict(drops.counts)}
         run_data = _run_data(args, ledger, expected, collector_stats, runner_started_s, finished_s, control,
                              detections, sampler, machine, image_error)
-        written, write_error = _write_run_folder(args.run_dir, run_data, log)
+        summary, written, write_error = _write_run_folder(args.run_dir, run_data, log)
         log.info("run folder written in %.2f s", time.perf_counter() - finished_s)
-        send_message(progress_out, {"type": FINISHED, "summary": written.pop("summary", {}),
-                                    "written": sorted(written), "write_error": write_error,
+        send_message(progress_out, {"type": FINISHED, "summary": summary, "written": written,
+                                    "write_error": write_error,
                                     "missing_workers": expected.waiting_for()}, token=args.wire.token)
     finally:
         heartbeat.close()
@@ -281,8 +281,8 @@ def _never_started(plan, expected: Expected) -> set[int]:
 
 def _run_data(args, ledger, expected, collector_stats, runner_started_s, finished_s, control, detections, sampler,
               machine, image_error):
-    from workers.report import RunData
-    from yolo.timing import aggregate, forward_stats  # TODO(merge): yolo.module_stats, torch-free
+    from analysis.report import RunData
+    from yolo.module_stats import aggregate, forward_stats
     cfg = args.config
     frames = [_frame_dict(i, ledger.processed[i]) for i in sorted(ledger.processed)]
     # Throughput counts from the first frame read, not from process start-up (imports, model load).
@@ -306,9 +306,6 @@ def _run_data(args, ledger, expected, collector_stats, runner_started_s, finishe
     for w in workers:
         for kind, count in (w.get("dropped_messages") or {}).items():
             dropped[f"{w['name']}:{kind}"] = count
-    for w in workers:  # TODO(merge): the analysis package reads Samples dicts; the old report wants lists
-        w["frame_ms"] = w["frame_ms"]["values"]
-        w["substages_ms"] = {k: v["values"] for k, v in w["substages_ms"].items()}
     for w in workers:
         w.pop("timing", None)
         w.pop("type", None)
@@ -330,11 +327,11 @@ def _run_data(args, ledger, expected, collector_stats, runner_started_s, finishe
     return RunData(**{k: v for k, v in fields.items() if k in known})
 
 
-def _write_run_folder(run_dir: str, run_data, log) -> tuple[dict, str | None]:
-    from workers.report import write_run_folder
-    try:
-        summary = write_run_folder(run_dir, run_data)
-    except OSError as exc:
-        log.error("cannot write the run folder %s: %s", run_dir, exc)
-        return {}, str(exc)
-    return {"summary": summary, "report.json": True}, None
+def _write_run_folder(run_dir: str, run_data, log) -> tuple[dict, list[str], str | None]:
+    """(summary, files written, the first write error); a disk-full folder still gives a summary."""
+    from analysis.report import write_run_folder
+    summary = write_run_folder(run_dir, run_data)
+    files = summary.pop("files", {"written": [], "failed": {}})
+    failed = files.get("failed") or {}
+    error = next((f"{name}: {reason}" for name, reason in failed.items()), None)
+    return summary, list(files.get("written") or ()), error

@@ -1,14 +1,20 @@
-"""workers.report on a small hand-built run: 6 frames (2 warm-up) over 2 workers per role, one failure."""
+"""analysis.report on a small hand-built run: 6 frames (2 warm-up) over 2 workers per role, one
+failure; the workers send plain lists of ms (as older workers did) except where a test says."""
 
 import csv
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from workers.report import (MODULES_CSV_HEADER, ROLES, RunData, build_report, format_summary, json_safe,
-                            module_table_rows, write_run_folder)
-from yolo.timing import RESIDUAL_NAME
+from analysis.markdown import module_table_rows
+from analysis.report import MODULES_CSV_HEADER, RunData, build_report, json_safe, json_summary, write_run_folder
+from analysis.stages import ROLES
+from analysis.terminal import format_summary
+from yolo.module_stats import RESIDUAL_NAME
 
 STARTED_S = 100.0
 FRAMES = 6
@@ -28,7 +34,8 @@ def frame(i: int) -> dict:
 def worker(role: str, index: int, pid: int, frames: int, busy_s: float) -> dict:
     return {"name": f"{role}-{index}" if role != "collector" else "collector", "role": role, "pid": pid,
             "device": "cpu", "threads": {"torch": 1, "opencv": 1, "interop": 1}, "frames": frames,
-            "batches": frames if role == "infer" else 0, "busy_s": busy_s, "cpu_s": busy_s, "wait_in_s": 0.2,
+            "batches": frames if role == "infer" else 0, "busy_s": busy_s, "busy_cpu_s": busy_s, "cpu_s": busy_s,
+            "wait_in_s": 0.2,
             "blocked_out_s": 0.1, "wall_s": 1.0, "frame_ms": [10.0, 12.0][: max(frames - 1, 0)],
             "bytes_in": 1000, "bytes_out": 900, "messages_in": frames, "messages_out": frames,
             "substages_ms": {"nms": [1.0, 2.0]} if role == "post" else {}}
@@ -73,10 +80,11 @@ def make_run(**changes) -> RunData:
     return RunData(**run)
 
 
-@pytest.fixture
-def run_dir(tmp_path):
-    write_run_folder(str(tmp_path), make_run())
-    return tmp_path
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    write_run_folder(str(folder), make_run())
+    return folder
 
 
 def load(run_dir, name):
@@ -85,8 +93,11 @@ def load(run_dir, name):
 
 
 def test_every_file_is_written(run_dir):
-    for name in ("report.json", "report.md", "modules.csv", "trace.json", "detections.json", "plots.png"):
+    for name in ("report.json", "report.md", "modules.csv", "trace.json", "detections.json", "plots.png",
+                 "latency.png", "timeline.png", "modules.png"):
         assert (run_dir / name).is_file() and (run_dir / name).stat().st_size > 0, name
+    assert not (run_dir / "resources.png").exists()  # this run has no resource samples
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".partial")]
 
 
 def test_report_json_frames_and_stages(run_dir):
@@ -104,6 +115,9 @@ def test_report_json_frames_and_stages(run_dir):
     assert report["stages"]["post"]["per_worker"][0]["substages_ms"]["nms"]["mean"] == 1.5
     assert report["summary"]["bottleneck"] == "infer"
     assert report["config"]["nan_setting"] is None  # NaN written as null
+    # CPU beside wall: busy_cpu_s = busy_s here, over 3 and 2 frames
+    assert report["stages"]["infer"]["per_worker"][0]["busy_cpu_ms_per_frame"] == pytest.approx(600 / 3)
+    assert report["stages"]["infer"]["cpu_utilisation"] == pytest.approx((0.6 + 0.5) / 2.0)
 
 
 def test_report_json_latency_and_throughput(run_dir):
@@ -158,7 +172,8 @@ def test_report_md(run_dir):
     assert text.startswith("# Run test-run")
     assert "random weights (detections meaningless)" in text
     assert "img3.jpg" in text and RESIDUAL_NAME in text
-    assert "inference is the busiest stage" in text
+    assert "**inference** is the busiest stage" in text
+    assert "measured under this run's own load" in text
     assert "| link | frames | bytes per frame |" in text
 
 
@@ -171,25 +186,44 @@ def test_report_md_lists_at_most_20_failures(tmp_path):
 
 
 def test_module_table_keeps_the_residual_beyond_the_top():
-    rows = [{"name": f"m{i}", "total_ms": 100.0 - i} for i in range(20)] + [{"name": RESIDUAL_NAME, "total_ms": 0.1}]
+    rows = [{"name": f"m{i}", "total_ms": 100.0 - i, "calls": 1, "share": (100.0 - i) / 2000.1, "outermost": True}
+            for i in range(20)] + [{"name": RESIDUAL_NAME, "total_ms": 0.1, "calls": 1, "share": 0.1 / 2000.1,
+                                    "outermost": True}]
     names = [r["name"] for r in module_table_rows(rows)]
-    assert names == [f"m{i}" for i in range(15)] + [RESIDUAL_NAME]
+    assert names == [f"m{i}" for i in range(15)] + ["(5 other outermost modules)", RESIDUAL_NAME]
 
 
 def test_format_summary_and_returned_summary(tmp_path):
     summary = write_run_folder(str(tmp_path), make_run())
-    assert summary == load(tmp_path, "report.json")["summary"]
-    assert summary["processed"] == 5 and summary["bottleneck"] == "infer"
-    text = format_summary(summary, load(tmp_path, "report.json"))
-    assert "fps" in text and str(tmp_path) in text
+    on_disk = load(tmp_path, "report.json")["summary"]
+    assert {k: v for k, v in summary.items() if k != "files"} == on_disk
+    assert summary["files"]["written"][:2] == ["report.json", "report.md"]
+    assert summary["processed"] == 5 and summary["bottleneck"] == "infer" and summary["files"]["failed"] == {}
+    text = format_summary(summary)
+    assert "7.50 fps" in text and str(tmp_path) in text
     assert len(text.splitlines()) <= 12
+    assert format_summary(summary, load(tmp_path, "report.json")) == text  # today's runner passes the report too
+
+
+def test_json_summary_is_one_plain_object(tmp_path):
+    summary = write_run_folder(str(tmp_path), make_run())
+    line = json.dumps(json_summary(summary, exit_code=0), allow_nan=False)
+    back = json.loads(line)
+    assert "\n" not in line and back["exit_code"] == 0 and back["run_dir"] == str(tmp_path)
+    for key in ("fps", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "cpu_ms_per_frame", "bound_fps",
+                "bound_kind", "efficiency", "bottleneck", "hint", "stable", "stable_reason", "frames_in", "processed",
+                "failed", "lost", "cancelled"):
+        assert key in back, key
+    assert back["fps"] == pytest.approx(7.5) and back["stable"] is False
 
 
 def test_empty_run_still_writes_a_report(tmp_path):
     run = make_run(frames=[], workers=[], module_rows=[], module_spans=[], links={}, frames_in=0, failed=[])
     summary = write_run_folder(str(tmp_path), run)
-    assert summary["fps"] == 0.0 and summary["processed"] == 0
+    assert summary["fps"] is None and summary["processed"] == 0 and not summary["stable"]
+    assert summary["stable_reason"].startswith("no measured frames")
     assert load(tmp_path, "report.json")["latency_ms"]["count"] == 0
+    assert "n/a" in format_summary(summary) and summary["files"]["failed"] == {}
 
 
 def test_frame_without_an_unused_timestamp_is_reported():
@@ -210,3 +244,17 @@ def test_json_safe():
     assert json_safe({"a": (1, np.float32(0.5), np.int64(3)), "b": float("inf")}) == {"a": [1, 0.5, 3], "b": None}
     with pytest.raises(ValueError, match="expected JSON-able data"):
         json_safe({"a": object()})
+
+
+def test_analysis_does_not_import_torch(tmp_path):
+    """The collector process writes the run folder without loading torch."""
+    code = ("import sys\n"
+            "from analysis.report import write_run_folder, json_summary\n"
+            "from analysis.terminal import format_summary\n"
+            "from tests.analysis_runs import steady_run\n"
+            f"summary = write_run_folder({str(tmp_path)!r}, steady_run())\n"
+            "format_summary(summary)\n"
+            "assert summary['files']['failed'] == {}, summary['files']\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,248 @@
+"""The run folder: report.json, report.md, modules.csv, trace.json, detections.json and the plots,
+from what the collector gathered (``RunData``); and the one JSON summary object a script reads.
+
+Every file is written whole or not at all (``analysis.atomic``); a file that cannot be written
+(a full disk) is reported in the returned summary and the others are still tried, so the
+summary can be printed whatever happened to the files. report.md links the plots that could be
+drawn; on a full disk a link may point at a plot that could not be written."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+from typing import Any, Callable
+
+from analysis.atomic import write_bytes_atomic
+from analysis.bottleneck import diagnose
+from analysis.markdown import markdown
+from analysis.plots import render_plots
+from analysis.resources import resource_report
+from analysis.run_data import RunData
+from analysis.samples import summarise_ms
+from analysis.stages import ROLES, stage_report
+from analysis.stats import ratio
+from analysis.trace import process_label, trace_events
+from analysis.windows import is_measured, measured_window, stability, throughput_windows
+
+__all__ = ["RunData", "build_report", "write_run_folder", "json_summary", "json_safe", "modules_csv"]
+
+log = logging.getLogger(__name__)
+
+FRAME_TIMESTAMPS = ("read_start", "pre_end", "infer_start", "infer_end", "post_start", "post_end")  # the ones used
+STAGE_INTERVALS = {"pre": ("read_start", "pre_end"), "queue_pre_infer": ("pre_end", "infer_start"),
+                   "infer": ("infer_start", "infer_end"), "queue_infer_post": ("infer_end", "post_start"),
+                   "post": ("post_start", "post_end")}
+MODULES_CSV_HEADER = ("name", "type", "params", "input_shape", "calls", "total_ms", "mean_ms", "p50_ms", "p95_ms",
+                      "share", "outermost")
+
+
+def write_run_folder(run_dir: str, run: RunData) -> dict:
+    """Write every report into ``run_dir`` (which exists) and return the summary, with
+    ``files``: {"written": [names], "failed": {name: error}}. The most useful files go first, so
+    a nearly full disk keeps them: report.json, report.md, detections.json, modules.csv, the
+    plots, and trace.json (the largest) last."""
+    report = build_report(run)
+    summary = report["summary"]
+    summary["run_dir"] = run_dir
+    plots = render_plots(run, report)
+    report["plots"] = list(plots)
+    written: list[str] = []
+    failed: dict[str, str] = {}
+    files: list[tuple[str, Callable[[], bytes]]] = [
+        ("report.json", lambda: json_text(report, indent=1).encode()),
+        ("report.md", lambda: markdown(report).encode()),
+        ("detections.json", lambda: json_text(run.detections, indent=1).encode()),
+        ("modules.csv", lambda: modules_csv(run.module_rows).encode()),
+        *((name, lambda data=data: data) for name, data in plots.items()),
+        ("trace.json", lambda: json_text(trace_events(run)).encode())]
+    for name, render in files:
+        try:
+            write_bytes_atomic(os.path.join(run_dir, name), render())
+            written.append(name)
+        except OSError as exc:
+            failed[name] = f"{exc.strerror or exc} ({exc.__class__.__name__})"
+    if failed:
+        log.error("could not write %s in %s: %s", ", ".join(failed), run_dir, next(iter(failed.values())))
+    summary["files"] = {"written": written, "failed": failed}
+    return summary
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON data: numpy scalars to int/float, tuples to lists, NaN and infinities to None."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if hasattr(value, "item") and not isinstance(value, float):  # numpy scalar
+        return json_safe(value.item())
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    raise ValueError(f"report: expected JSON-able data, got {type(value).__name__} {value!r}")
+
+
+def json_text(data: Any, indent: int | None = None) -> str:
+    return json.dumps(json_safe(data), indent=indent, allow_nan=False)
+
+
+def json_summary(summary: dict, **extra: Any) -> dict:
+    """The one JSON object a script or CI reads (``runner.py --json`` prints it on stdout): the
+    summary (fps, latency, CPU per frame, bound, efficiency, bottleneck, hint, stability, frame
+    counts, run folder, files written) plus ``extra`` fields such as the exit status."""
+    return json_safe({**summary, **extra})
+
+
+def machine_of(run: RunData) -> dict:
+    """run.machine, completed from the environment and configuration where it is missing."""
+    device = str(run.config.get("device") or "cpu")
+    return {"cores": run.machine.get("cores") or run.environment.get("cpu_cores"),
+            "device_type": run.machine.get("device_type") or ("cuda" if device.startswith("cuda") else "cpu"),
+            "bf16": bool(run.machine.get("bf16", False))}
+
+
+def build_report(run: RunData) -> dict:
+    """report.json's content, summary included."""
+    for frame in run.frames:
+        _check_timestamps(frame)
+    machine = machine_of(run)
+    window = measured_window(run.frames, run.warmup, run.started_s)
+    measured = [f for f in run.frames if is_measured(f, run.warmup)]
+    usage = resource_report(run.resources, window.start_s, window.end_s, machine["cores"])
+    stages = {role: stage_report([w for w in run.workers if w["role"] == role], usage["processes"])
+              for role in ROLES}
+    throughput = throughput_report(run, window)
+    cpu = cpu_report(usage, stages, window, machine["cores"], throughput["fps"])
+    report = {
+        "run_id": run.run_id, "config": run.config, "environment": run.environment, "machine": machine,
+        "stop": {"reason": run.stop.get("reason", run.config.get("stopped")), "signal": run.stop.get("signal")},
+        "outputs": {"images_saved": run.outputs.get("images_saved", sum(1 for f in run.frames if f.get("image_saved"))),
+                    "image_error": run.outputs.get("image_error")},
+        "frames": frames_report(run, len(measured)),
+        "throughput": throughput,
+        "latency_ms": interval_ms(measured, "read_start", "post_end"),
+        "stage_latency_ms": {name: interval_ms(measured, t0, t1) for name, (t0, t1) in STAGE_INTERVALS.items()},
+        "stages": stages, "cpu": cpu, "bottleneck": diagnose(stages, cpu, run.config, machine),
+        "resources": usage, "restarts": [{**r, "at_s": r["t_s"] - run.started_s} for r in run.restarts],
+        "dropped_messages": {process_label(w): w["dropped_messages"] for w in run.workers
+                             if any((w.get("dropped_messages") or {}).values())},
+        "links": link_report(run.links), "forward": run.forward, "modules": run.module_rows,
+    }
+    report["bottleneck"]["efficiency"] = ratio(throughput["fps"], report["bottleneck"]["bound_fps"])
+    report["summary"] = summary_of(report)
+    return report
+
+
+def _check_timestamps(frame: dict) -> None:
+    missing = [k for k in FRAME_TIMESTAMPS if k not in frame.get("t", {})]
+    if missing:
+        raise ValueError(f"report: expected frame {frame.get('id')} to carry timestamps {list(FRAME_TIMESTAMPS)}, "
+                         f"got none for {missing}")
+
+
+def interval_ms(frames: list[dict], start: str, end: str) -> dict:
+    """summarise_ms of t[end] - t[start] over ``frames``, in milliseconds."""
+    return summarise_ms([(f["t"][end] - f["t"][start]) * 1e3 for f in frames])
+
+
+def frames_report(run: RunData, measured: int) -> dict:
+    lost = [x for x in run.failed if x.get("kind") == "lost"]
+    return {"in": run.frames_in, "processed": len(run.frames), "failed": len(run.failed) - len(lost),
+            "lost": len(lost), "cancelled": len(run.cancelled), "warmup": run.warmup,
+            "cold": sum(1 for f in run.frames if f.get("cold")), "measured": measured,
+            "accounted": run.frames_in == len(run.frames) + len(run.failed) + len(run.cancelled),
+            "duplicates_dropped": run.duplicates,
+            "failures": run.failed, "cancelled_frames": run.cancelled}
+
+
+def throughput_report(run: RunData, window) -> dict:
+    """fps over the measured window, fps per THROUGHPUT_WINDOW_S slice, and stability; times
+    relative to the first frame read."""
+    ends = [f["t"]["post_end"] for f in run.frames if is_measured(f, run.warmup) and window.holds(f["t"]["post_end"])]
+    slices = throughput_windows(ends, window)
+    return {"wall_s": run.finished_s - run.started_s, "window_start_s": window.start_s - run.started_s,
+            "window_s": window.seconds, "measured_frames": window.measured, "completed_frames": window.completed,
+            "fps": window.fps,
+            "windows": [{**s, "start_s": s["start_s"] - run.started_s, "end_s": s["end_s"] - run.started_s}
+                        for s in slices],
+            **stability(slices, window, len(run.frames), run.warmup)}
+
+
+def cpu_report(usage: dict, stages: dict, window, cores: int | None, fps: float | None) -> dict:
+    """CPU ms the pipeline spends per frame completed in the window, in all and by role, and the
+    cores' saturation. From the resource samples (every process, every thread, idle polling
+    included) when there are some; else from the stages' own busy CPU (runner, collector and
+    idle time not counted: an underestimate); without any CPU time, no CPU per frame and the
+    saturation estimated from busy wall time."""
+    processes = usage["processes"]
+    if processes and window.completed:
+        by_role: dict[str, float] = {}
+        for p in processes.values():
+            role = p["role"] if p["role"] in ROLES else "other"
+            by_role[role] = by_role.get(role, 0.0) + 1e3 * p["window_cpu_s"] / window.completed
+        return {"cpu_ms_per_frame": 1e3 * usage["window_cpu_s"] / window.completed, "by_role": by_role,
+                "window_cpu_s": usage["window_cpu_s"], "saturation": usage["saturation"], "cores": cores,
+                "source": "resource samples of every process"}
+    by_role = {role: stages[role]["cpu_ms_mean"] for role in ROLES if stages[role]["frames"]}
+    total = sum(by_role.values()) if by_role and None not in by_role.values() else None
+    if total:
+        return {"cpu_ms_per_frame": total, "by_role": by_role, "window_cpu_s": None, "cores": cores,
+                "saturation": ratio(fps * total, 1e3 * cores) if fps and cores else None,
+                "source": "stages' busy CPU (no resource samples: runner, collector and idle CPU not counted)"}
+    # No CPU time at all: the stages' busy wall time bounds the cores' use from above (a process
+    # waiting for a core still counts as busy), so "saturated" here errs towards less work per
+    # frame, never towards more processes.
+    busy_cores = sum(w["utilisation"] for role in ROLES for w in stages[role]["per_worker"])
+    return {"cpu_ms_per_frame": None, "by_role": {}, "window_cpu_s": None, "cores": cores,
+            "saturation": ratio(busy_cores, cores) if busy_cores else None,
+            "source": "none: no resource samples and no CPU time from the workers; saturation from busy wall time"}
+
+
+def link_report(links: dict) -> dict:
+    return {name: {"frames": link["frames"], "bytes": link["bytes"],
+                   "bytes_per_frame": link["bytes"] / link["frames"] if link["frames"] else 0.0}
+            for name, link in links.items()}
+
+
+def summary_of(report: dict) -> dict:
+    """Everything the terminal summary and ``--json`` print, with no need of report.json."""
+    stages, latency, th, fr = report["stages"], report["latency_ms"], report["throughput"], report["frames"]
+    neck, cpu = report["bottleneck"], report["cpu"]
+    return {"run_id": report["run_id"], "frames_in": fr["in"], "processed": fr["processed"], "failed": fr["failed"],
+            "lost": fr["lost"], "cancelled": fr["cancelled"], "warmup": fr["warmup"], "accounted": fr["accounted"],
+            "measured_frames": th["measured_frames"], "fps": th["fps"], "window_s": th["window_s"],
+            "wall_s": th["wall_s"], "stable": th["stable"], "stable_reason": th["reason"],
+            "latency_p50_ms": latency["p50"] if latency["count"] else None,
+            "latency_p95_ms": latency["p95"] if latency["count"] else None,
+            "latency_p99_ms": latency["p99"] if latency["count"] else None,
+            "cpu_ms_per_frame": cpu["cpu_ms_per_frame"], "cpu_saturation": cpu["saturation"], "cores": cpu["cores"],
+            "bound_fps": neck["bound_fps"], "bound_kind": neck["bound_kind"], "efficiency": neck["efficiency"],
+            "bottleneck": neck["stage"], "limit": neck["limit"], "hint": neck["hint"],
+            "peak_pss_total_bytes": report["resources"]["peak_pss_total_bytes"],
+            "restarts": len(report["restarts"]), "stop_reason": report["stop"]["reason"],
+            "stop_signal": report["stop"]["signal"], "images_saved": report["outputs"]["images_saved"],
+            "image_error": report["outputs"]["image_error"],
+            "stages": {role: {"workers": s["workers"], "ms_per_frame": s["ms_per_frame"]["mean"],
+                              "cpu_ms_per_frame": s["cpu_ms_mean"],
+                              "utilisation": s["utilisation"], "cpu_utilisation": s["cpu_utilisation"],
+                              "capacity_fps": s["capacity"]["fps"], "peak_pss_bytes": s["peak_pss_bytes"]}
+                       for role, s in stages.items()}}
+
+
+def modules_csv(rows: list[dict]) -> str:
+    """One line per module row, in the given order; times with 4 decimals, share empty when None."""
+    text = io.StringIO(newline="")
+    out = csv.writer(text)
+    out.writerow(MODULES_CSV_HEADER)
+    for r in rows:
+        out.writerow([r["name"], r["type"], r["params"], r["input_shapes"], r["calls"],
+                      *(f"{r[k]:.4f}" for k in ("total_ms", "mean_ms", "p50_ms", "p95_ms")),
+                      "" if r["share"] is None else f"{r['share']:.4f}", r["outermost"]])
+    return text.getvalue()
+

@@ -1,0 +1,151 @@
+"""analysis.bottleneck on hand-made runs whose limits are known by construction: the bound and
+efficiency by hand, the stage named, and levers that fit the device and the figures."""
+
+import pytest
+
+from analysis.bottleneck import pipeline_bound
+from analysis.report import build_report
+from tests.analysis_runs import steady_run
+
+
+def slow_post_run(**changes):
+    """8 cores, far from busy; postprocess takes 60 ms a frame on 2 workers (33.3 fps) and is busy
+    95 % of the time, inference is held back by it 60 % of its time, preprocess 80 %."""
+    return steady_run(cores=8, period_s=1 / 32, wall_ms={"pre": 10.0, "infer": 20.0, "post": 60.0},
+                      draw_save_ms=(1.0, 1.0), busy={"pre": 0.15, "infer": 0.3, "post": 0.95},
+                      blocked={"pre": 0.8, "infer": 0.6}, frames=320, **changes)
+
+
+def saturated_run(**changes):
+    """2 cores 99 % busy: 12 + 45 + 17 ms of CPU per frame in the stages plus 2 in the runner and
+    collector = 76 CPU-ms per frame, at 26 fps; drawing and saving take 4 + 7 of post's 17 ms."""
+    options = dict(cores=2, period_s=1 / 26, wall_ms={"pre": 12.0, "infer": 45.0, "post": 17.0},
+                   draw_save_ms=(4.0, 7.0), busy={"pre": 0.3, "infer": 0.97, "post": 0.4}, other_cpu_ms=2.0,
+                   frames=260)
+    options.update(changes)
+    return steady_run(**options)
+
+
+def all_lever_text(report) -> str:
+    return " | ".join(lever["flag"] + " " + lever["text"] for lever in report["bottleneck"]["levers"])
+
+
+def test_pipeline_bound_takes_the_smallest_limit():
+    got = pipeline_bound({"pre": 200.0, "infer": 100.0, "post": 40.0}, cores=2, cpu_ms_per_frame=80.0)
+    assert got["cores_bound_fps"] == 25.0 and got["bound_fps"] == 25.0 and got["bound_kind"] == "cores"
+    got = pipeline_bound({"pre": 200.0, "infer": 20.0, "post": None}, cores=2, cpu_ms_per_frame=80.0)
+    assert got["bound_fps"] == 20.0 and got["bound_kind"] == "infer"
+    assert pipeline_bound({"pre": None}, cores=None, cpu_ms_per_frame=None)["bound_fps"] is None
+
+
+def test_slow_stage_is_named_and_given_more_workers():
+    report = build_report(slow_post_run())
+    neck = report["bottleneck"]
+    # capacities by hand: 2 x 1000 / 10, 2 x 1000 / 20, 2 x 1000 / 60; cores: 8 x 1000 / (10 + 20 + 60 + 2)
+    assert neck["stage_capacity_fps"] == pytest.approx({"pre": 200.0, "infer": 100.0, "post": 2000 / 60})
+    assert neck["cores_bound_fps"] == pytest.approx(8000 / 92)
+    assert neck["bound_kind"] == "post" and neck["bound_fps"] == pytest.approx(2000 / 60)
+    assert report["throughput"]["fps"] == pytest.approx(32.0)
+    assert neck["efficiency"] == pytest.approx(32.0 / (2000 / 60))
+    assert neck["stage"] == "post" and neck["limit"] == "stage"
+    assert "inference held back by it 60 %" in neck["evidence"]
+    # a third worker: 3 x 1000 / 60 = 50 fps, now the smallest limit
+    assert neck["hint"].startswith("add --post-workers (now 2): postprocess's capacity would rise from 33.3 to 50.0")
+    assert neck["levers"][0]["bound_fps_after"] == pytest.approx(50.0)
+    summary = report["summary"]
+    assert (summary["bottleneck"], summary["bound_kind"], summary["hint"]) == ("post", "post", neck["hint"])
+
+
+def test_saturated_cores_get_work_per_frame_levers_never_more_processes():
+    report = build_report(saturated_run())
+    neck = report["bottleneck"]
+    assert report["cpu"]["cpu_ms_per_frame"] == pytest.approx(76.0)
+    assert report["cpu"]["saturation"] == pytest.approx(76 * 26 / 2000)
+    assert neck["limit"] == "cores" and neck["bound_kind"] == "cores"
+    assert neck["bound_fps"] == pytest.approx(2000 / 76) and neck["efficiency"] == pytest.approx(26 / (2000 / 76))
+    assert "workers" not in all_lever_text(report) and "processes would only time-slice" in neck["evidence"]
+    # saving costs 4 + 7 = 11 CPU-ms of 76: without it 2000 / 65 = 30.8 fps
+    assert neck["hint"] == ("saving images costs 11 CPU-ms of 76 per frame: --save-images none would raise the CPU "
+                            "bound from 26.3 to 30.8 fps (--save-images 10 keeps every 10th)")
+    assert neck["levers"][0]["bound_fps_after"] == pytest.approx(2000 / 65)
+    assert "--half" not in all_lever_text(report)  # a CPU without native bf16: emulated bf16 is slower
+
+
+def test_saturated_without_saving_offers_a_smaller_imgsz_with_its_estimate():
+    report = build_report(saturated_run(config={"save_images": "none"}))
+    levers = report["bottleneck"]["levers"]
+    assert "--save-images" not in all_lever_text(report)
+    imgsz = next(lever for lever in levers if lever["flag"] == "--imgsz 480")
+    # inference keeps (480 / 640)^2 of its 45 CPU-ms: 76 - 45 * 7 / 16 = 56.3 CPU-ms per frame
+    assert imgsz["bound_fps_after"] == pytest.approx(2000 / (76 - 45 * 7 / 16))
+
+
+def test_bf16_is_offered_only_where_the_cpu_has_it():
+    report = build_report(saturated_run(machine={"bf16": True}))
+    assert "--half (bf16" in all_lever_text(report)
+    assert "CUDA" not in all_lever_text(report) and "fp16" not in all_lever_text(report)
+
+
+def test_cuda_inference_limit_offers_half_and_batches():
+    run = steady_run(cores=16, period_s=1 / 90, wall_ms={"pre": 20.0, "infer": 10.0, "post": 20.0},
+                     workers={"pre": 4, "infer": 1, "post": 4}, busy={"pre": 0.45, "infer": 0.92, "post": 0.45},
+                     config={"device": "cuda:0"}, machine={"device_type": "cuda"}, frames=500)
+    for w in run.workers:
+        if w["role"] == "infer":
+            w["device"] = "cuda:0"
+    report = build_report(run)
+    neck = report["bottleneck"]
+    assert report["stages"]["infer"]["capacity"]["basis"] == "wall"
+    assert neck["stage"] == "infer" and neck["limit"] == "stage"
+    flags = [lever["flag"] for lever in neck["levers"]]
+    assert "--half" in flags and "--batch-size 8" in flags and "--infer-workers 2" in flags
+
+
+def test_no_busy_stage_points_at_frames_in_flight():
+    report = build_report(steady_run(cores=8, busy={"pre": 0.2, "infer": 0.3, "post": 0.2}))
+    neck = report["bottleneck"]
+    assert neck["limit"] == "flow" and "--prefetch" in neck["hint"] and neck["stage"] == "infer"
+
+
+def test_without_resource_samples_the_stages_cpu_is_used():
+    report = build_report(steady_run(resources=False, cores=2, period_s=0.05))
+    cpu = report["cpu"]
+    assert cpu["cpu_ms_per_frame"] == pytest.approx(10 + 30 + 10) and "no resource samples" in cpu["source"]
+    assert cpu["saturation"] == pytest.approx(20 * 50 / 2000)
+    assert report["bottleneck"]["cores_bound_fps"] == pytest.approx(2000 / 50)
+
+
+def without_cpu_time(run):
+    for w in run.workers:
+        for key in ("busy_cpu_s", "cpu_s", "frame_cpu_ms"):
+            w.pop(key)
+    return run
+
+
+def test_workers_without_cpu_time_give_no_cpu_figures():
+    report = build_report(without_cpu_time(steady_run(resources=False, cores=8, busy={"infer": 0.9})))
+    assert report["cpu"]["cpu_ms_per_frame"] is None
+    # busy by wall time: 2 x 0.2 + 2 x 0.9 + 2 x 0.2 of 8 cores (the stages only)
+    assert report["cpu"]["saturation"] == pytest.approx(2.6 / 8)
+    neck = report["bottleneck"]
+    assert neck["cores_bound_fps"] is None and neck["limit"] == "stage"
+    # wall ms instead: infer 2 x 1000 / 30
+    assert neck["bound_kind"] == "infer" and neck["bound_fps"] == pytest.approx(2000 / 30)
+    assert report["stages"]["infer"]["capacity"]["basis"] == "wall"
+    assert report["stages"]["infer"]["cpu_utilisation"] is None
+
+
+def test_without_cpu_time_busy_processes_filling_the_cores_get_no_more_processes():
+    report = build_report(without_cpu_time(steady_run(resources=False, cores=2, busy={"infer": 0.9})))
+    assert report["cpu"]["saturation"] == pytest.approx(2.6 / 2)
+    assert report["bottleneck"]["limit"] == "cores" and "workers" not in all_lever_text(report)
+
+
+def test_more_workers_are_not_offered_when_another_limit_is_lower():
+    # inference is the busiest stage (90 %) and could do 2 x 1000 / 30 = 66.7 fps, but 2 cores at 52 CPU-ms a
+    # frame bound the run at 38.5 fps (at 30 fps they are 78 % busy): a third inference worker moves nothing
+    report = build_report(steady_run(cores=2, period_s=1 / 30, busy={"infer": 0.9}))
+    neck = report["bottleneck"]
+    assert neck["bound_kind"] == "cores" and report["cpu"]["saturation"] < 0.9
+    assert neck["limit"] == "stage" and neck["levers"] == []
+    assert neck["hint"] == "no change to inference alone would raise the bound (38.5 fps, set by the CPU cores)"

@@ -1,0 +1,72 @@
+"""analysis.resources by hand: CPU interpolated at the window's ends, restarts unwrapped,
+peak and mean memory, and the peak of the summed PSS."""
+
+import pytest
+
+from analysis.report import build_report
+from analysis.resources import cpu_between, cumulative_cpu, peak_pss_total, process_usage, resource_report
+from tests.analysis_runs import MIB, steady_run
+
+MB = 1_000_000
+
+
+def test_cpu_between_interpolates_at_both_ends():
+    samples = [[0.0, 1.0, 10, 6], [1.0, 1.5, 10, 6], [2.0, 3.5, 10, 6]]
+    # at 0.5 s: 1.25; at 1.5 s: 2.5
+    assert cpu_between(samples, 0.5, 1.5) == pytest.approx(1.25)
+    # before the first sample: the first value; after the last: the last (it used no more)
+    assert cpu_between(samples, -5.0, 9.0) == pytest.approx(2.5)
+    assert cpu_between(samples, 1.5, 1.5) == 0.0 and cpu_between([], 0.0, 1.0) == 0.0
+
+
+def test_a_restart_under_one_name_is_unwrapped():
+    # the first process reaches 3.0 s of CPU, dies; the new one is at 0.5 s, then 1.5 s
+    samples = [[0.0, 1.0, 1, 1], [1.0, 3.0, 1, 1], [2.0, 0.5, 1, 1], [3.0, 1.5, 1, 1]]
+    t, cpu = cumulative_cpu(samples)
+    assert list(cpu) == [1.0, 3.0, 3.5, 4.5]
+    assert cpu_between(samples, 0.0, 3.0) == pytest.approx(3.5)
+
+
+def test_process_usage_by_hand():
+    entry = {"pid": 7, "role": "post",
+             "samples": [[0.0, 0.0, 100 * MB, 60 * MB], [1.0, 0.5, 300 * MB, None], [2.0, 1.0, 200 * MB, 90 * MB]]}
+    got = process_usage(entry, 0.5, 1.5)
+    assert (got["peak_rss_bytes"], got["mean_rss_bytes"]) == (300 * MB, pytest.approx(200 * MB))
+    assert (got["peak_pss_bytes"], got["mean_pss_bytes"]) == (90 * MB, pytest.approx(75 * MB))  # None skipped
+    assert got["cpu_percent_mean"] == pytest.approx(50.0) and got["window_cpu_s"] == pytest.approx(0.5)
+
+
+def test_peak_pss_total_sums_processes_at_each_time():
+    resources = {"a": {"samples": [[0.0, 0, 0, 10], [2.0, 0, 0, 30]]},
+                 "b": {"samples": [[1.0, 0, 0, 100], [3.0, 0, 0, 50]]},
+                 "c": {"samples": [[0.0, 0, 0, None]]}}
+    # times 0, 1, 2, 3: a is 10, 20, 30, 0 (gone); b is 0 (not yet), 100, 75, 50
+    assert peak_pss_total(resources) == 120
+    assert peak_pss_total({"c": resources["c"]}) is None
+
+
+def test_resource_report_saturation():
+    resources = {"a": {"pid": 1, "role": "infer", "samples": [[0.0, 0.0, 1, 1], [10.0, 9.0, 1, 1]]},
+                 "b": {"pid": 2, "role": "pre", "samples": [[0.0, 0.0, 1, 1], [10.0, 7.0, 1, 1]]}}
+    got = resource_report(resources, 2.0, 7.0, cores=2)
+    # in 5 s: 4.5 + 3.5 = 8 CPU-s of 10 available
+    assert got["window_cpu_s"] == pytest.approx(8.0) and got["saturation"] == pytest.approx(0.8)
+    assert resource_report({}, 2.0, 7.0, cores=2)["saturation"] is None
+
+
+def test_report_carries_cpu_per_frame_and_memory():
+    report = build_report(steady_run(frames=120, period_s=0.05, wall_ms={"pre": 10, "infer": 30, "post": 10},
+                                     other_cpu_ms=2.0))
+    # every process's CPU over the window per frame completed in it: 10 + 30 + 10 + 2
+    assert report["cpu"]["cpu_ms_per_frame"] == pytest.approx(52.0)
+    assert report["cpu"]["by_role"] == pytest.approx({"pre": 10.0, "infer": 30.0, "post": 10.0, "other": 2.0})
+    # 52 ms per frame at 20 fps on 2 cores
+    assert report["cpu"]["saturation"] == pytest.approx(52 * 20 / 2000)
+    processes = report["resources"]["processes"]
+    assert set(processes) == {"pre-0", "pre-1", "infer-0", "infer-1", "post-0", "post-1", "collector", "runner"}
+    assert processes["infer-0"]["peak_rss_bytes"] == 401 * MIB
+    assert processes["infer-0"]["peak_pss_bytes"] == int(400 * MIB * 0.6)
+    # PSS is constant: the total is the sum of every process's
+    assert report["resources"]["peak_pss_total_bytes"] == sum(p["peak_pss_bytes"] for p in processes.values())
+    assert report["summary"]["peak_pss_total_bytes"] == report["resources"]["peak_pss_total_bytes"]
+    assert report["stages"]["infer"]["per_worker"][0]["peak_pss_bytes"] == int(400 * MIB * 0.6)
