@@ -38,7 +38,8 @@ def test_synthetic_run_folder_is_complete_and_consistent(tmp_path):
         assert report["stages"][role]["frames"] == frames["processed"]
     lat = report["latency_ms"]
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"] <= lat["max"]
-    assert report["throughput"]["fps"] > 0 and report["throughput"]["measured_frames"] == 8
+    # warm-up frames (2) and each inference process's first forward of a shape are not measured
+    assert report["throughput"]["fps"] > 0 and 0 < report["throughput"]["measured_frames"] <= 8
     outermost = [m["share"] for m in report["modules"] if m["outermost"] and m["share"] is not None]
     assert sum(outermost) == pytest.approx(1.0, abs=1e-6)
     assert [m["name"] for m in report["modules"]][:3] == ["model.0", "model.1", "model.2"]
