@@ -15,12 +15,16 @@ import cv2
 import numpy as np
 import torch
 
-from yolo.boxes import scale_boxes
+from yolo.boxes import scale_boxes, unreduce_boxes
 from yolo.draw import draw_detections
 from yolo.letterbox import LetterboxInfo, letterbox
 from yolo.tensors import to_tensor
 from yolo.nms import nms_candidates, select_candidates
-from yolo.sources import FramePlan, FrameReader, FrameReadError
+from yolo.frames import Frame, FrameReadError, StreamError
+from yolo.imageio import DecodeOptions
+from yolo.reader import ShareReader
+from yolo.sources import FramePlan
+from yolo.streams import StreamOptions, StreamStats
 from yolo.timing import timed
 
 log = logging.getLogger(__name__)
@@ -113,6 +117,9 @@ class SequentialResult:
     records: list[dict[str, Any]] = field(default_factory=list)
     stage_ms: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SEQUENTIAL_STAGES})
     wall_s: float = 0.0
+    streams: list[StreamStats] = field(default_factory=list)
+    given_up: list[str] = field(default_factory=list)  # video URLs and live streams that failed for good
+    interrupted: bool = False
 
     @property
     def fps(self) -> float:
@@ -120,53 +127,80 @@ class SequentialResult:
 
 
 def run_sequential(model: torch.nn.Module, plan: FramePlan, opts: DetectOptions, *, device: torch.device,
-                   half: bool = False, save_dir: str | None = None, warmup: int = 0,
-                   progress: bool = True) -> SequentialResult:
+                   half: bool = False, save_dir: str | None = None, warmup: int = 0, progress: bool = True,
+                   decode: DecodeOptions | None = None, streams: StreamOptions | None = None) -> SequentialResult:
     """Detect on every planned frame, one at a time. The first ``warmup`` frames run but are
-    left out of the stage times and the fps."""
+    left out of the stage times and the fps. An open-ended plan (a live stream) runs until its
+    streams are given up or Ctrl-C. With a reduced decode the records hold full-size boxes and
+    the saved images are the reduced ones, boxes drawn at that size."""
     result = SequentialResult()
-    names = model.names
-    dtype = torch.float16 if half else torch.float32
-    stride = model.max_stride
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    decode = decode or DecodeOptions(imgsz=opts.imgsz)
     measured_start = time.perf_counter()
-    with FrameReader() as reader, torch.inference_mode():
-        for frame_id in range(plan.total):
-            if frame_id == warmup:
-                measured_start = time.perf_counter()
-            ref = plan.ref(frame_id)
-            t0 = time.perf_counter()
-            try:
-                image = reader.read(ref)
-            except FrameReadError as exc:
-                result.failed.append({"frame": frame_id, "image": ref.name, "stage": "read", "reason": str(exc)})
-                log.warning("frame %d (%s) failed: %s", frame_id, ref.name, exc)
-                continue
-            t1 = time.perf_counter()
-            boxed, info = letterbox(image, opts.imgsz, stride, rect=opts.rect)
-            t2 = time.perf_counter()
-            prediction = model(to_tensor(boxed, device, dtype))
-            candidates = candidates_for_batch(prediction, opts)[0]
-            sync()
-            t3 = time.perf_counter()
-            dets = final_detections(candidates, info, opts)
-            t4 = time.perf_counter()
-            if save_dir is not None:
-                draw_detections(image, dets, names, inplace=True)
-            t5 = time.perf_counter()
-            if save_dir is not None:
-                save_image(os.path.join(save_dir, annotated_name(ref.name, ref.cycle)), image)
-            t6 = time.perf_counter()
-            result.records.extend(detection_records(dets, ref.name, frame_id, names))
-            if frame_id >= warmup:
-                result.frames += 1
-                for stage, ms in zip(SEQUENTIAL_STAGES, np.diff([t0, t1, t2, t3, t4, t5, t6]) * 1e3):
-                    result.stage_ms[stage].append(float(ms))
-            if progress:
-                log.info("%d/%d %s: %dx%d %s, %.1f ms", frame_id + 1, plan.total, ref.name, boxed.shape[0],
-                         boxed.shape[1], summarise_counts(dets, names), (t6 - t0) * 1e3)
+    consumed = 0
+    with ShareReader(plan, decode=decode, streams=streams) as reader, torch.inference_mode():
+        try:
+            while True:
+                if consumed == warmup:
+                    measured_start = time.perf_counter()
+                t0 = time.perf_counter()
+                try:
+                    frame = reader.next()
+                except FrameReadError as exc:
+                    consumed += 1
+                    result.failed.append({"frame": exc.ref.frame_id, "image": exc.ref.name, "stage": "read",
+                                          "reason": exc.reason})
+                    log.warning("frame %d (%s) failed: %s", exc.ref.frame_id, exc.ref.name, exc.reason)
+                    continue
+                except StreamError as exc:
+                    result.given_up.append(str(exc))
+                    log.error("%s", exc)
+                    continue
+                if frame is None:
+                    break
+                consumed += 1
+                _detect_frame(model, frame, opts, consumed > warmup, t0, result, device=device, half=half,
+                              save_dir=save_dir, progress=progress, total=plan.total)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            log.info("interrupted: stopping after %d frames", consumed)
+        result.streams = reader.stream_stats()
     result.wall_s = time.perf_counter() - measured_start
     return result
+
+
+def _detect_frame(model: torch.nn.Module, frame: Frame, opts: DetectOptions, measured: bool, t0: float,
+                  result: SequentialResult, *, device: torch.device, half: bool, save_dir: str | None,
+                  progress: bool, total: int | None) -> None:
+    """Letterbox, model, NMS, draw and save one frame read at ``t0``; its records and stage
+    times go into ``result``."""
+    names, ref = model.names, frame.ref
+    dtype = torch.float16 if half else torch.float32
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    t1 = time.perf_counter()
+    boxed, info = letterbox(frame.image, opts.imgsz, model.max_stride, rect=opts.rect)
+    t2 = time.perf_counter()
+    prediction = model(to_tensor(boxed, device, dtype))
+    candidates = candidates_for_batch(prediction, opts)[0]
+    sync()
+    t3 = time.perf_counter()
+    dets = final_detections(candidates, info, opts)
+    t4 = time.perf_counter()
+    if save_dir is not None:
+        draw_detections(frame.image, dets, names, inplace=True)
+    t5 = time.perf_counter()
+    if save_dir is not None:
+        save_image(os.path.join(save_dir, annotated_name(ref.name, ref.cycle)), frame.image)
+    t6 = time.perf_counter()
+    if frame.reduction > 1:
+        dets = torch.cat((unreduce_boxes(dets[:, :4], frame.reduction, frame.original_shape), dets[:, 4:]), 1)
+    result.records.extend(detection_records(dets, ref.name, ref.frame_id, names))
+    if measured:
+        result.frames += 1
+        for stage, ms in zip(SEQUENTIAL_STAGES, np.diff([t0, t1, t2, t3, t4, t5, t6]) * 1e3):
+            result.stage_ms[stage].append(float(ms))
+    if progress:
+        log.info("%d/%s %s: %dx%d %s, %.1f ms", ref.frame_id + 1, total if total is not None else "?", ref.name,
+                 boxed.shape[0], boxed.shape[1], summarise_counts(dets, names), (t6 - t0) * 1e3)
 
 
 def write_json(path: str, records: list[dict[str, Any]]) -> None:

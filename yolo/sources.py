@@ -1,10 +1,56 @@
-"""What frames a run reads, and how one worker process reads them.
+"""What frames a run reads: the items of a source, and the plan of frame ids over them.
 
-A source is ``"synthetic"``, a directory of images (searched recursively), a single image,
-a glob pattern, or a video file. :func:`plan_frames` turns it into a :class:`FramePlan`: a
-fixed list of frame ids ``0 .. total-1`` that loops over the source when the run asks for
-more frames than one pass holds. Each worker takes its share with
-:meth:`FramePlan.worker_ids` and reads frames with a :class:`FrameReader`.
+Sources (:func:`plan_frames`):
+
+- ``"synthetic"``: ``synthetic_count`` generated scenes (:mod:`yolo.synthetic`).
+- an image file (:data:`IMAGE_EXTENSIONS`) or a video file (:data:`VIDEO_EXTENSIONS`).
+- a directory, searched recursively, following directory symlinks (a directory reached twice,
+  e.g. through a symlink loop, is listed once). Images are images and videos are read frame by
+  frame; every other entry still becomes an item, of kind ``"broken"``, that yields one failed
+  frame with its reason: ``"broken symlink -> target"``, ``"unsupported file type .txt"``,
+  ``"unreadable file (permission denied)"``, ``"not a regular file"``, ``"cannot open video"``,
+  ``"cannot list directory (...)"``. Hidden entries (names starting with ``.``: ``.git``,
+  ``.DS_Store``, ``._x.jpg``) are left out, as ``ls`` and ``glob`` leave them out, and counted
+  in :attr:`FramePlan.skipped` with the directories listed twice.
+- a glob (``data/**/*.jpg``): the files it matches, classified like a directory's entries; the
+  directories it matches are ignored (``**`` descends).
+- a ``.txt`` list: one source per line (blank lines and ``#`` comments ignored): a path
+  (relative to the list's folder) of an image, video, directory or glob, a URL, or a camera
+  index. Lines that name nothing readable become ``"broken"`` items.
+- a camera index (``"0"``, ``"1"``): a live stream from ``cv2.VideoCapture(int)``. A source
+  made of digits is always a camera; write ``./0`` for a file named ``0``.
+- a URL of :data:`yolo.streams.URL_SCHEMES`. An http(s) URL is opened once here: with a known
+  frame count it is a video, read frame by frame like a file; without one it is a live stream.
+  Other schemes (rtsp, rtmp, ...) are live streams and are not opened here.
+
+A source that names nothing usable (a missing path, an empty directory, an unsupported or
+unopenable single file, a glob that matches nothing) is a :class:`ValueError`.
+
+Frame ids (:class:`FramePlan`): items have a planned length per pass (``lengths``: 1 for an
+image, synthetic scene or broken entry, the frame count after ``vid_stride`` for a video, see
+below for live streams). One pass gives ids ``0 .. pass_len - 1`` in item order, and ids go on
+pass after pass, so the id of frame ``index`` of item ``i`` in pass ``c`` is
+``c * pass_len + sum(lengths[:i]) + index`` and :meth:`FramePlan.ref` maps an id back.
+
+- A finite plan (no live stream) holds one pass, or exactly ``frames`` ids looping over the
+  source as often as needed: ``total`` is exact.
+- With live streams and ``frames`` given, the finite items are read once (truncated if
+  ``frames`` is smaller) and the live streams share the remaining ids, split evenly (the first
+  streams get one more), each stream's ids one contiguous block in item order: ``total ==
+  frames``. The plan does not loop.
+- With live streams and no ``frames`` the plan is open-ended: ``total`` is None, the finite items
+  are read once (ids ``0 .. pass_len - 1``) and live frames get ids when read: the ``k``-th
+  live frame of ``worker`` gets ``pass_len + k * workers + worker``
+  (:meth:`FramePlan.open_stream_id`).
+
+Worker shares (:meth:`FramePlan.worker_ids`): each video and live stream goes whole to one
+worker, so its frames come from one process in order: live streams first, spread over the
+workers, then videos longest first, each to the worker with the fewest streams and then the
+fewest frames (balanced by frame count). Single frames (images, synthetic scenes, broken
+entries) fill the workers up to an even frame count, interleaved in id order (with no videos,
+frame ``i`` goes to worker ``i % workers`` as before). A worker reads its ids in this order:
+its non-live ids ascending, then its live streams' ids alternating between its streams. Every
+planned id belongs to exactly one worker.
 
 No sockets here: the plan is plain data, cheap to pass to a worker process.
 """
@@ -14,88 +60,126 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from types import TracebackType
+from functools import cached_property
 
-import cv2
 import numpy as np
+
+from yolo.frames import FrameReadError, FrameRef, VideoInfo
+from yolo.reader import FrameReader, ShareReader
+from yolo.streams import FILE_URL_SCHEMES, StreamOptions, is_camera, is_url, probe_video, stream_name, url_name
+
+__all__ = ["FramePlan", "FrameReadError", "FrameReader", "FrameRef", "ShareReader", "SourceItem", "plan_frames"]
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg"})
+LIST_EXTENSIONS = frozenset({".txt"})
 SYNTHETIC_SOURCE = "synthetic"
-SYNTHETIC_SHAPES = ((480, 640), (720, 1280), (1080, 810), (375, 500), (1080, 1920), (640, 640))
-SYNTHETIC_SHAPE_COUNT = 8
-SYNTHETIC_NOISE_SCALE = 4  # background and grain are drawn at 1/4 size, then upscaled
 GLOB_CHARS = frozenset("*?[")
-
-
-class FrameReadError(ValueError):
-    """A planned frame could not be read: an undecodable image or a video that ended early."""
+WHOLE_KINDS = frozenset({"video", "stream"})  # read whole, in order, by one worker
 
 
 @dataclass(frozen=True)
-class FrameRef:
-    """One frame of a run, enough for any worker to read it and for reports to name it."""
+class SourceItem:
+    """One image, video, live stream, synthetic scene or broken entry of a source.
 
-    frame_id: int
-    kind: str  # "image" | "video" | "synthetic"
-    path: str  # absolute path; '' for synthetic frames
-    name: str  # relative path, "video.mp4:000017" or "synthetic/00017.jpg"
-    index: int  # position in the source: image list position, video frame, synthetic index
-    cycle: int  # how many full passes over the source came before this frame
+    Attributes:
+        kind (str): ``"image"``, ``"video"``, ``"stream"``, ``"synthetic"`` or ``"broken"``.
+        location (str): absolute path, URL, camera index, or ``""`` for a synthetic scene.
+        name (str): relative, file-system-safe name (see :class:`yolo.frames.FrameRef`).
+        frames (int | None): frames in one pass, after ``vid_stride``; None for a live stream.
+        video (VideoInfo | None): a video's metadata, probed when planning; None otherwise
+            (a live stream's comes with its frames).
+        reason (str): why a ``"broken"`` item cannot be read.
+    """
 
-
-@dataclass(frozen=True)
-class FramePlan:
-    """The frames of one run: ``total`` ids that loop over ``source_len`` source frames."""
-
-    source: str
-    kind: str  # "image" | "video" | "synthetic"
-    items: tuple[str, ...]  # sorted absolute image paths, (video_path,), or () for synthetic
-    total: int
-    source_len: int
-    root: str  # names of file frames are relative to this directory; '' for synthetic
-
-    def ref(self, frame_id: int) -> FrameRef:
-        """The frame with id ``frame_id``, ``0 <= frame_id < total``."""
-        if not 0 <= frame_id < self.total:
-            raise IndexError(
-                f"expected a frame id in [0, {self.total}) for source {self.source!r}, "
-                f"got {frame_id}"
-            )
-        cycle, index = divmod(frame_id, self.source_len)
-        if self.kind == "synthetic":
-            return FrameRef(frame_id, self.kind, "", f"synthetic/{index:05d}.jpg", index, cycle)
-        if self.kind == "video":
-            path = self.items[0]
-            name = f"{os.path.relpath(path, self.root)}:{index:06d}"
-            return FrameRef(frame_id, self.kind, path, name, index, cycle)
-        path = self.items[index]
-        return FrameRef(frame_id, self.kind, path, os.path.relpath(path, self.root), index, cycle)
-
-    def worker_ids(self, worker: int, workers: int) -> range:
-        """The frame ids read by ``worker`` out of ``workers``; every id goes to exactly one.
-
-        Images and synthetic frames are interleaved (``worker, worker + workers, ...``) so
-        all workers start at once; video ids come in contiguous chunks, sizes differing by at
-        most one, so each worker seeks once and then decodes sequentially.
-        """
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"expected workers to be an int >= 1, got {workers!r}")
-        if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < workers:
-            raise ValueError(f"expected worker to be an int in [0, {workers}), got {worker!r}")
-        if self.kind != "video":
-            return range(worker, self.total, workers)
-        base, extra = divmod(self.total, workers)
-        start = worker * base + min(worker, extra)
-        return range(start, start + base + (1 if worker < extra else 0))
+    kind: str
+    location: str
+    name: str
+    frames: int | None
+    video: VideoInfo | None = None
+    reason: str = ""
 
 
-def _extension(path: str) -> str:
-    return os.path.splitext(path)[1].lower()
+def _broken(location: str, name: str, reason: str) -> SourceItem:
+    return SourceItem("broken", location, name, 1, reason=reason)
 
 
-def _is_image(path: str) -> bool:
-    return _extension(path) in IMAGE_EXTENSIONS and os.path.isfile(path)
+def _relative_name(path: str, root: str) -> str:
+    """``path`` relative to ``root``; a path outside ``root`` keeps its absolute form without
+    the leading separator, so names never climb out of an output folder."""
+    name = os.path.relpath(path, root)
+    if name == os.pardir or name.startswith(os.pardir + os.sep):
+        return os.path.abspath(path).lstrip(os.sep)
+    return name
+
+
+def _video_item(location: str, name: str, vid_stride: int, options: StreamOptions) -> SourceItem:
+    info = probe_video(location, vid_stride, options)
+    if info is None:
+        what = f"cannot open URL (open timeout {options.open_timeout_ms} ms)" if is_url(location) else "cannot open video"
+        return _broken(location, name, what)
+    if info.frames is None:
+        if is_url(location):
+            return SourceItem("stream", location, name, None)  # an http stream of unknown length: live
+        return _broken(location, name, "video with an unknown frame count")
+    return SourceItem("video", location, name, info.frames, video=info)
+
+
+def _url_item(url: str, vid_stride: int, options: StreamOptions) -> SourceItem:
+    if url.partition("://")[0].lower() in FILE_URL_SCHEMES:
+        return _video_item(url, url_name(url), vid_stride, options)
+    return SourceItem("stream", url, url_name(url), None)
+
+
+def _file_item(path: str, root: str, vid_stride: int, options: StreamOptions) -> SourceItem:
+    """The item of one directory entry, glob match or list line naming a file."""
+    name = _relative_name(path, root)
+    if os.path.islink(path) and not os.path.exists(path):
+        return _broken(path, name, f"broken symlink -> {os.readlink(path)}")
+    if not os.path.exists(path):
+        return _broken(path, name, "no such file or directory")
+    if not os.path.isfile(path):
+        return _broken(path, name, "not a regular file")
+    if not os.access(path, os.R_OK):
+        return _broken(path, name, "unreadable file (permission denied)")
+    extension = os.path.splitext(path)[1].lower()
+    if extension in IMAGE_EXTENSIONS:
+        return SourceItem("image", path, name, 1)
+    if extension in VIDEO_EXTENSIONS:
+        return _video_item(path, name, vid_stride, options)
+    suffix = " (a list is read only as the source itself)" if extension in LIST_EXTENSIONS else ""
+    return _broken(path, name, f"unsupported file type {extension or '(no extension)'}{suffix}")
+
+
+def _walk(directory: str, root: str, vid_stride: int, options: StreamOptions) -> tuple[list[SourceItem], list[str]]:
+    """The items under ``directory`` sorted by name, and notes on what was left out."""
+    items, skipped, hidden = [], [], 0
+    seen = {os.path.realpath(directory)}
+
+    def unlistable(error: OSError) -> None:
+        items.append(_broken(error.filename, _relative_name(error.filename, root),
+                             f"cannot list directory ({error.strerror})"))
+
+    for folder, dirs, files in os.walk(directory, onerror=unlistable, followlinks=True):
+        kept = []
+        for name in sorted(dirs, key=lambda d: (os.path.islink(os.path.join(folder, d)), d)):  # real ones first
+            path = os.path.join(folder, name)
+            if name.startswith("."):
+                hidden += 1
+            elif os.path.realpath(path) in seen:
+                skipped.append(f"{_relative_name(path, root)}: a directory listed already ({os.path.realpath(path)})")
+            else:
+                seen.add(os.path.realpath(path))
+                kept.append(name)
+        dirs[:] = sorted(kept)
+        for name in files:
+            if name.startswith("."):
+                hidden += 1
+            else:
+                items.append(_file_item(os.path.join(folder, name), root, vid_stride, options))
+    if hidden:
+        skipped.append(f"{hidden} hidden entries (names starting with '.') under {_relative_name(directory, root)}")
+    return sorted(items, key=lambda item: item.name), skipped
 
 
 def _glob_root(pattern: str) -> str:
@@ -109,184 +193,312 @@ def _glob_root(pattern: str) -> str:
     return os.sep.join(fixed) or os.sep
 
 
-def _sorted_images(paths: list[str], root: str) -> tuple[str, ...]:
-    absolute = {os.path.abspath(p) for p in paths if _is_image(p)}
-    return tuple(sorted(absolute, key=lambda p: os.path.relpath(p, root)))
+def _glob_items(pattern: str, root: str, vid_stride: int, options: StreamOptions) -> list[SourceItem]:
+    matches = {os.path.abspath(p) for p in glob.glob(pattern, recursive=True)}
+    files = [p for p in matches if not os.path.isdir(p)]
+    return sorted((_file_item(p, root, vid_stride, options) for p in files), key=lambda item: item.name)
 
 
-def _video_frame_count(path: str) -> int:
-    capture = cv2.VideoCapture(path)
+def _list_items(path: str, vid_stride: int, options: StreamOptions) -> tuple[list[SourceItem], list[str]]:
+    """The items of a ``.txt`` list, in its order."""
+    root = os.path.dirname(path)
     try:
-        if not capture.isOpened():
-            raise ValueError(f"expected a video that OpenCV can open, got {path!r}")
-        count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
-    finally:
-        capture.release()
-    if count <= 0:
-        raise ValueError(f"expected a video with a known frame count > 0, got {count} for {path!r}")
-    return count
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"expected a readable UTF-8 list file, got {path!r} ({error})") from None
+    items, skipped = [], []
+    for entry in (line for line in lines if line and not line.startswith("#")):
+        if is_camera(entry):
+            items.append(SourceItem("stream", entry, stream_name(entry), None))
+            continue
+        if is_url(entry):
+            items.append(_url_item(entry, vid_stride, options))
+            continue
+        target = os.path.join(root, os.path.expanduser(entry))
+        if GLOB_CHARS & set(entry) and not os.path.exists(target):
+            matched = _glob_items(target, root, vid_stride, options)
+            items.extend(matched or [_broken(target, _relative_name(target, root), "glob matched no file")])
+        elif os.path.isdir(target):
+            found, notes = _walk(target, root, vid_stride, options)
+            items.extend(found or [_broken(target, _relative_name(target, root), "directory holds no entry")])
+            skipped.extend(notes)
+        else:
+            items.append(_file_item(os.path.abspath(target), root, vid_stride, options))
+    if not items:
+        raise ValueError(f"expected list file {path!r} to name at least one source, got none")
+    return items, skipped
 
 
-def _plan_source(source: str, synthetic_count: int) -> tuple[str, tuple[str, ...], int, str]:
-    """``(kind, items, source_len, root)`` for one pass over ``source``."""
+def _single_file_items(path: str, vid_stride: int, options: StreamOptions) -> list[SourceItem]:
+    extension = os.path.splitext(path)[1].lower()
+    item = _file_item(path, os.path.dirname(path), vid_stride, options)
+    if item.kind == "broken" and (extension in IMAGE_EXTENSIONS or extension in VIDEO_EXTENSIONS):
+        raise ValueError(f"expected an image or a video OpenCV can open, got {path!r}: {item.reason}")
+    if item.kind == "broken":
+        raise ValueError(
+            f"expected an image ({', '.join(sorted(IMAGE_EXTENSIONS))}), video "
+            f"({', '.join(sorted(VIDEO_EXTENSIONS))}) or list ({', '.join(sorted(LIST_EXTENSIONS))}) file, "
+            f"got extension {extension!r} in {path!r}")
+    return [item]
+
+
+def _discover(source: str, synthetic_count: int, vid_stride: int, options: StreamOptions
+              ) -> tuple[list[SourceItem], str, list[str]]:
+    """``(items, root, skipped)`` of ``source``; names are relative to ``root``."""
     if source == SYNTHETIC_SOURCE:
         if isinstance(synthetic_count, bool) or not isinstance(synthetic_count, int) or synthetic_count <= 0:
             raise ValueError(f"expected synthetic_count to be an int > 0, got {synthetic_count!r}")
-        return "synthetic", (), synthetic_count, ""
+        return [SourceItem("synthetic", "", f"synthetic/{i:05d}.jpg", 1) for i in range(synthetic_count)], "", []
+    if is_camera(source):
+        return [SourceItem("stream", source, stream_name(source), None)], "", []
+    if is_url(source):
+        item = _url_item(source, vid_stride, options)
+        if item.kind == "broken":
+            raise ValueError(f"expected a URL OpenCV can open, got {item.name}: {item.reason}")
+        return [item], "", []
     if GLOB_CHARS & set(source) and not os.path.exists(source):
         root = _glob_root(source)
-        items = _sorted_images(glob.glob(source, recursive=True), root)
+        items = _glob_items(source, root, vid_stride, options)
         if not items:
-            raise ValueError(
-                f"expected glob {source!r} to match image files "
-                f"({', '.join(sorted(IMAGE_EXTENSIONS))}), got none"
-            )
-        return "image", items, len(items), root
-    if not os.path.exists(source):
-        raise ValueError(
-            f"expected {SYNTHETIC_SOURCE!r}, a directory, an image, a video or a glob, "
-            f"got nonexistent path {source!r}"
-        )
-    if os.path.isdir(source):
-        root = os.path.abspath(source)
-        found = [os.path.join(d, f) for d, _, files in os.walk(root) for f in files]
-        items = _sorted_images(found, root)
-        if not items:
-            raise ValueError(
-                f"expected directory {source!r} to contain image files "
-                f"({', '.join(sorted(IMAGE_EXTENSIONS))}), got none"
-            )
-        return "image", items, len(items), root
+            raise ValueError(f"expected glob {source!r} to match files, got none")
+        return items, root, []
     path = os.path.abspath(source)
-    extension = _extension(path)
-    if extension in IMAGE_EXTENSIONS:
-        return "image", (path,), 1, os.path.dirname(path)
-    if extension in VIDEO_EXTENSIONS:
-        return "video", (path,), _video_frame_count(path), os.path.dirname(path)
-    raise ValueError(
-        f"expected an image ({', '.join(sorted(IMAGE_EXTENSIONS))}) or video "
-        f"({', '.join(sorted(VIDEO_EXTENSIONS))}) file, got extension {extension!r} in {source!r}"
-    )
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ValueError(f"expected an existing source, got broken symlink {source!r} -> {os.readlink(path)}")
+    if not os.path.exists(path):
+        raise ValueError(f"expected {SYNTHETIC_SOURCE!r}, a directory, an image, a video, a list, a glob, a URL "
+                         f"or a camera index, got nonexistent path {source!r}")
+    if os.path.isdir(path):
+        items, skipped = _walk(path, path, vid_stride, options)
+        if not items:
+            raise ValueError(f"expected directory {source!r} to contain files, got none"
+                             + (f" ({'; '.join(skipped)})" if skipped else ""))
+        return items, path, skipped
+    if os.path.splitext(path)[1].lower() in LIST_EXTENSIONS:
+        items, skipped = _list_items(path, vid_stride, options)
+        return items, os.path.dirname(path), skipped
+    return _single_file_items(path, vid_stride, options), os.path.dirname(path), []
 
 
-def plan_frames(source: str, frames: int | None = None, synthetic_count: int = 64) -> FramePlan:
-    """Plan a run over ``source``: one pass if ``frames`` is None, else exactly ``frames``
-    frames, looping over the source as often as needed."""
-    if frames is not None and (isinstance(frames, bool) or not isinstance(frames, int) or frames <= 0):
-        raise ValueError(f"expected frames to be None or an int > 0, got {frames!r}")
-    kind, items, source_len, root = _plan_source(source, synthetic_count)
-    total = source_len if frames is None else frames
-    return FramePlan(source, kind, items, total, source_len, root)
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"expected {name} to be an int >= {minimum}, got {value!r}")
 
 
-def synthetic_image(index: int, seed: int = 0) -> np.ndarray:
-    """A deterministic synthetic scene, BGR uint8 ``[H, W, 3]``; the shape cycles with ``index``
-    over :data:`SYNTHETIC_SHAPES`.
+def _check_worker(worker: int, workers: int) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"expected workers to be an int >= 1, got {workers!r}")
+    if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < workers:
+        raise ValueError(f"expected worker to be an int in [0, {workers}), got {worker!r}")
 
-    A smooth colour gradient with soft grain, then a handful of filled rectangles, ellipses
-    and lines in random colours: flat regions and edges, roughly like a photo for JPEG and
-    for the detector's preprocessing, at a cost of a few milliseconds.
-    """
-    if index < 0:
-        raise ValueError(f"expected a synthetic index >= 0, got {index}")
-    rng = np.random.default_rng((seed, index))
-    height, width = SYNTHETIC_SHAPES[index % len(SYNTHETIC_SHAPES)]
-    small = (width // SYNTHETIC_NOISE_SCALE + 1, height // SYNTHETIC_NOISE_SCALE + 1)  # (w, h)
-    corners = rng.integers(0, 256, size=(3, 3, 3), dtype=np.uint8)
-    background = cv2.resize(corners, small, interpolation=cv2.INTER_LINEAR)
-    noise = rng.integers(0, 24, size=(small[1], small[0], 3), dtype=np.uint8)
-    cv2.add(background, noise, dst=background)
-    image = cv2.resize(background, (width, height), interpolation=cv2.INTER_LINEAR)
-    size = min(height, width)
-    for _ in range(SYNTHETIC_SHAPE_COUNT):
-        shape = int(rng.integers(0, 3))
-        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
-        x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
-        extent = int(rng.integers(size // 20, size // 3))
-        if shape == 0:
-            corner = (x + int(rng.integers(-extent, extent)), y + int(rng.integers(-extent, extent)))
-            cv2.rectangle(image, (x, y), corner, colour, thickness=-1)
-        elif shape == 1:
-            axes = (extent, int(rng.integers(size // 40 + 1, extent + 1)))
-            cv2.ellipse(image, (x, y), axes, float(rng.integers(0, 180)), 0, 360, colour, thickness=-1)
+
+def _water_fill(loads: np.ndarray, count: int) -> np.ndarray:
+    """How many of ``count`` single frames each worker takes so that ``loads + quotas`` is as
+    level as possible; frames left over go to the lowest worker indices at the level."""
+    level, top = int(loads.min()), int(loads.min()) + count
+    while level < top:  # the highest level the frames fill completely
+        middle = (level + top + 1) // 2
+        if int(np.maximum(0, middle - loads).sum()) <= count:
+            level = middle
         else:
-            end = (int(rng.integers(0, width)), int(rng.integers(0, height)))
-            cv2.line(image, (x, y), end, colour, thickness=int(rng.integers(1, 8)))
-    return image
+            top = middle - 1
+    quotas = np.maximum(0, level - loads)
+    extra = count - int(quotas.sum())
+    quotas[np.flatnonzero(loads <= level)[:extra]] += 1
+    return quotas
 
 
-class FrameReader:
-    """Reads :class:`FrameRef` frames inside one worker process; use as a context manager.
+def _interleave(quotas: np.ndarray) -> np.ndarray:
+    """A sequence holding worker ``w`` ``quotas[w]`` times, each worker's turns spread evenly:
+    its ``r``-th turn sits at ``(r + 1/2) / quotas[w]`` of the way, ties to the lower index."""
+    owners = np.repeat(np.arange(len(quotas)), quotas)
+    ranks = np.arange(len(owners)) - np.repeat(np.cumsum(quotas) - quotas, quotas)
+    keys = (2 * ranks + 1) / (2 * quotas[owners])
+    return owners[np.lexsort((owners, keys))]
 
-    A video stays open between reads and is only re-positioned when the requested frame is
-    not the next one, so a contiguous chunk of ids decodes sequentially.
+
+@dataclass(frozen=True)
+class FramePlan:
+    """The frames of one run (see the module docstring for the id layout and worker shares).
+
+    Attributes:
+        source (str): the source as given.
+        items (tuple[SourceItem, ...]): what the source holds, in reading order.
+        lengths (tuple[int, ...]): planned frames of each item per pass: a live stream's share
+            of ``frames``, or 0 in an open-ended plan.
+        total (int | None): the exact number of frame ids; None for an open-ended plan.
+        vid_stride (int): every ``vid_stride``-th frame of videos and live streams is read.
+        root (str): names of file frames are relative to this directory; ``''`` otherwise.
+        skipped (tuple[str, ...]): what was left out on purpose (hidden entries, directories
+            reached twice), for the run's log.
     """
 
-    def __init__(self, seed: int = 0) -> None:
-        self._seed = seed
-        self._video_path = ""
-        self._video: cv2.VideoCapture | None = None
-        self._video_len = 0
-        self._next_index = 0
+    source: str
+    items: tuple[SourceItem, ...]
+    lengths: tuple[int, ...]
+    total: int | None
+    vid_stride: int = 1
+    root: str = ""
+    skipped: tuple[str, ...] = ()
 
-    def __enter__(self) -> FrameReader:
-        return self
+    @property
+    def open_ended(self) -> bool:
+        return self.total is None
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
+    @cached_property
+    def _offsets(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.lengths, dtype=np.int64)))
 
-    def read(self, ref: FrameRef) -> np.ndarray:
-        """The pixels of ``ref``, BGR uint8 ``[H, W, 3]``; raises :class:`FrameReadError`."""
-        if ref.kind == "synthetic":
-            return synthetic_image(ref.index, self._seed)
-        if ref.kind == "image":
-            return self._read_image(ref.path)
-        if ref.kind == "video":
-            return self._read_video(ref.path, ref.index)
-        raise ValueError(f"expected kind 'image', 'video' or 'synthetic', got {ref.kind!r}")
+    @property
+    def pass_len(self) -> int:
+        """Ids in one pass over the items (of an open-ended plan: its finite ids)."""
+        return int(self._offsets[-1])
 
-    def close(self) -> None:
-        """Release the open video, if any; the reader may still be used afterwards."""
-        if self._video is not None:
-            self._video.release()
-        self._video = None
-        self._video_path = ""
+    @property
+    def planned(self) -> int:
+        """How many ids the plan fixes in advance: ``total``, or ``pass_len`` if open-ended."""
+        return self.pass_len if self.total is None else self.total
 
-    def _read_image(self, path: str) -> np.ndarray:
-        try:
-            data = np.fromfile(path, np.uint8)
-        except OSError as error:
-            raise FrameReadError(f"cannot read image: {path} ({error.strerror})") from error
-        image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
-        if image is None:
-            raise FrameReadError(f"cannot decode image: {path}")
-        return image
+    def summary(self) -> str:
+        """One line for the run's log: the items by kind, and what was skipped."""
+        kinds = {}
+        for item in self.items:
+            kinds[item.kind] = kinds.get(item.kind, 0) + 1
+        frames = "open-ended" if self.total is None else f"{self.total} frames"
+        text = f"{frames} from {', '.join(f'{n} {kind}' for kind, n in kinds.items())}"
+        return text + (f"; skipped: {'; '.join(self.skipped)}" if self.skipped else "")
 
-    def _open_video(self, path: str) -> cv2.VideoCapture:
-        if self._video is not None and self._video_path == path:
-            return self._video
-        self.close()
-        video = cv2.VideoCapture(path)
-        if not video.isOpened():
-            video.release()
-            raise FrameReadError(f"cannot open video: {path}")
-        self._video, self._video_path = video, path
-        self._video_len = int(video.get(cv2.CAP_PROP_FRAME_COUNT))
-        self._next_index = 0
-        return video
+    def ref(self, frame_id: int) -> FrameRef:
+        """The frame with id ``frame_id``, ``0 <= frame_id < planned``; a planned live frame
+        has ``source_index`` -1 until read."""
+        if isinstance(frame_id, bool) or not 0 <= frame_id < self.planned:
+            stream_note = " (the ids of an open-ended plan's live frames are given when read)" if self.open_ended else ""
+            raise IndexError(f"expected a frame id in [0, {self.planned}) for source {self.source!r}, "
+                             f"got {frame_id}{stream_note}")
+        cycle, rest = divmod(int(frame_id), self.pass_len)
+        item = int(np.searchsorted(self._offsets, rest, side="right")) - 1
+        return self.stream_ref(frame_id, item, rest - int(self._offsets[item]), -1, cycle)
 
-    def _read_video(self, path: str, index: int) -> np.ndarray:
-        video = self._open_video(path)
-        if index != self._next_index:
-            video.set(cv2.CAP_PROP_POS_FRAMES, index)
-        ok, image = video.read()
-        if not ok or image is None:
-            self._next_index = -1
-            raise FrameReadError(f"video ended at frame {index} of {self._video_len}: {path}")
-        self._next_index = index + 1
-        return image
+    def stream_ref(self, frame_id: int, item: int, index: int, source_index: int, cycle: int = 0) -> FrameRef:
+        """The :class:`FrameRef` of frame ``index`` of ``items[item]``; readers use it to name
+        the live frames they read."""
+        source = self.items[item]
+        name = source.name
+        if source.kind == "video":
+            source_index = index * self.vid_stride
+            name = f"{source.name}:{source_index:06d}"
+        elif source.kind == "stream":
+            name = f"{source.name}:{index:06d}"
+        elif source.kind == "synthetic":
+            source_index = item
+        else:
+            source_index = 0
+        return FrameRef(int(frame_id), source.kind, name, item, int(index), int(cycle), source.location,
+                        int(source_index), source.reason)
+
+    def _item_of_ids(self) -> np.ndarray:
+        """The item of every planned id."""
+        one_pass = np.repeat(np.arange(len(self.items), dtype=np.int32), self.lengths)
+        passes = -(-self.planned // len(one_pass)) if len(one_pass) else 0
+        return np.tile(one_pass, passes)[:self.planned]
+
+    def _assign_whole(self, frames: np.ndarray, workers: int) -> np.ndarray:
+        """The worker of each video and live stream, -1 for items shared frame by frame."""
+        owners = np.full(len(self.items), -1, dtype=np.int64)
+        whole = [i for i, item in enumerate(self.items) if item.kind in WHOLE_KINDS
+                 and (frames[i] > 0 or (item.kind == "stream" and self.open_ended))]
+        whole.sort(key=lambda i: (self.items[i].kind != "stream", -frames[i], i))
+        loads = [(0, 0)] * workers  # (live streams, frames)
+        for i in whole:
+            worker = min(range(workers), key=lambda w: (loads[w], w))
+            owners[i] = worker
+            streams, count = loads[worker]
+            loads[worker] = (streams + (self.items[i].kind == "stream"), count + int(frames[i]))
+        return owners
+
+    def _owners(self, workers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(item of each planned id, worker of each planned id, worker of each item or -1)``."""
+        item_of_ids = self._item_of_ids()
+        whole = self._assign_whole(np.bincount(item_of_ids, minlength=len(self.items)), workers)
+        owners = whole[item_of_ids]
+        singles = np.flatnonzero(owners < 0)
+        loads = np.bincount(owners[owners >= 0], minlength=workers)
+        owners[singles] = _interleave(_water_fill(loads, len(singles)))
+        return item_of_ids, owners, whole
+
+    def assignment(self, workers: int) -> tuple[int, ...]:
+        """For each item, the worker that reads it whole (videos and live streams), or -1 for
+        items whose frames are shared among the workers."""
+        _check_worker(0, workers)
+        return tuple(int(w) for w in self._owners(workers)[2])
+
+    def worker_streams(self, worker: int, workers: int) -> tuple[int, ...]:
+        """The items of the live streams ``worker`` reads."""
+        _check_worker(worker, workers)
+        whole = self._owners(workers)[2]
+        return tuple(i for i, item in enumerate(self.items) if item.kind == "stream" and whole[i] == worker)
+
+    def worker_ids(self, worker: int, workers: int) -> list[int]:
+        """The ids ``worker`` of ``workers`` reads, in reading order; every planned id goes to
+        exactly one worker. A reader restarted at position ``p`` resumes at ``ids[p]``.
+
+        Its non-live ids ascending, then its live streams' ids (a finite plan's stream
+        shares) alternating between its streams. For an open-ended plan only the finite ids:
+        the live frames that follow get :meth:`open_stream_id`.
+        """
+        _check_worker(worker, workers)
+        item_of_ids, owners, _ = self._owners(workers)
+        live = np.array([item.kind == "stream" for item in self.items], dtype=bool)[item_of_ids]
+        finite_ids = np.flatnonzero((owners == worker) & ~live)
+        live_ids = np.flatnonzero((owners == worker) & live)
+        turns = live_ids - self._offsets[item_of_ids[live_ids]]  # each frame's index within its stream
+        live_ids = live_ids[np.lexsort((item_of_ids[live_ids], turns))]
+        return np.concatenate((finite_ids, live_ids)).tolist()
+
+    def open_stream_id(self, worker: int, workers: int, k: int) -> int:
+        """The id of the ``k``-th live frame ``worker`` reads in an open-ended plan."""
+        if not self.open_ended:
+            raise ValueError(f"expected an open-ended plan, got one of {self.total} frames: its live ids are planned")
+        return self.pass_len + k * workers + worker
+
+
+def _plan_lengths(items: list[SourceItem], frames: int | None) -> tuple[list[int], int | None]:
+    """``(lengths, total)``: see the module docstring."""
+    lengths = [0 if item.kind == "stream" else item.frames for item in items]
+    finite = sum(lengths)
+    live = [i for i, item in enumerate(items) if item.kind == "stream"]
+    if not live:
+        return lengths, finite if frames is None else frames
+    if frames is None:
+        return lengths, None
+    share, extra = divmod(max(0, frames - finite), len(live))
+    for turn, i in enumerate(live):
+        lengths[i] = share + (turn < extra)
+    return lengths, frames
+
+
+def plan_frames(source: str, frames: int | None = None, synthetic_count: int = 64, vid_stride: int = 1,
+                streams: StreamOptions | None = None) -> FramePlan:
+    """Plan a run over ``source`` (see the module docstring).
+
+    Args:
+        source (str): ``"synthetic"``, a path, a glob, a ``.txt`` list, a URL or a camera index.
+        frames (int | None): exactly this many frames, looping over a finite source as often as
+            needed; None: one pass, or open-ended with a live stream.
+        synthetic_count (int): how many scenes ``"synthetic"`` holds.
+        vid_stride (int): read every ``vid_stride``-th frame of videos and live streams.
+        streams (StreamOptions | None): the open timeout for probing http(s) URLs.
+
+    Returns:
+        FramePlan: plain data, to pass to every reader.
+
+    Raises:
+        ValueError: a source that names nothing usable, or a bad argument.
+    """
+    if frames is not None:
+        _check_int("frames", frames, 1)
+    _check_int("vid_stride", vid_stride, 1)
+    items, root, skipped = _discover(source, synthetic_count, vid_stride, streams or StreamOptions())
+    lengths, total = _plan_lengths(items, frames)
+    return FramePlan(source, tuple(items), tuple(lengths), total, vid_stride, root, tuple(skipped))
