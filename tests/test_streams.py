@@ -153,6 +153,8 @@ def test_video_reader_of_a_file_ends_with_frame_read_error(clip):
         assert grey_level(reader.read(11)) == 11
         with pytest.raises(FrameReadError, match=f"video ended at frame {CLIP_FRAMES} of {CLIP_FRAMES}"):
             reader.read(CLIP_FRAMES)
+        assert grey_level(reader.read(0)) == 0  # back to the start after a failed read
+        assert grey_level(reader.read(2)) == 2
     finally:
         reader.close()
 

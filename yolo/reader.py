@@ -196,6 +196,8 @@ class ShareReader:
 
     def close(self) -> None:
         """Stop every live stream and release the open video."""
+        for stream in self._live.values():
+            stream.stop()  # all at once: each may take up to a timeout to notice
         for item in list(self._live):
             self._close_stream(item)
         self._frames.close()

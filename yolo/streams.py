@@ -176,7 +176,7 @@ class VideoReader:
             self._capture = self._reopen_url("never opened")
         self.info = capture_info(self._capture, vid_stride, live=False)
         self.source_frames = int(self._capture.get(cv2.CAP_PROP_FRAME_COUNT))
-        self._next = 0  # the source frame number a plain read() returns
+        self._next: int | None = 0  # the source frame number a plain read() returns; None: unknown
 
     def read(self, source_index: int) -> np.ndarray:
         """Source frame ``source_index`` (before ``vid_stride``), BGR uint8 ``[H, W, 3]``."""
@@ -184,7 +184,7 @@ class VideoReader:
         if image is not None:
             return image
         if not self._url or source_index >= self.source_frames:
-            self._next = -1
+            self._next = None
             raise FrameReadError(f"video ended at frame {source_index} of {self.source_frames}: {self.name}")
         return self._reconnect(source_index)
 
@@ -192,15 +192,17 @@ class VideoReader:
         self._capture.release()
 
     def _try_read(self, source_index: int) -> np.ndarray | None:
-        ahead = source_index - self._next
+        ahead = source_index - self._next if self._next is not None else -1
         if 0 < ahead <= GRAB_FORWARD_MAX_FRAMES:
             for _ in range(ahead):
                 if not self._capture.grab():
+                    self._next = None
                     return None
         elif ahead != 0:
             self._capture.set(cv2.CAP_PROP_POS_FRAMES, source_index)
         ok, image = self._capture.read()
         if not ok or image is None:
+            self._next = None
             return None
         self._next = source_index + 1
         return image
@@ -299,11 +301,15 @@ class LiveStream:
                                int(self._newest is not None), self._reconnects,
                                str(self._error) if self._error else "")
 
-    def close(self) -> None:
-        """Stop the grabber; it releases the capture when its current call returns (at most
-        the read timeout for URLs)."""
+    def stop(self) -> None:
+        """Ask the grabber to stop, without waiting (see :meth:`close`)."""
         self._stop.set()
-        self._thread.join(self._options.read_timeout_ms / 1000 + GIVE_UP_MARGIN_S)
+
+    def close(self) -> None:
+        """Stop the grabber and wait for it; it releases the capture when its current call
+        returns (for a URL, within the read or open timeout)."""
+        self._stop.set()
+        self._thread.join(max(self._options.read_timeout_ms, self._options.open_timeout_ms) / 1000 + GIVE_UP_MARGIN_S)
 
     def _run(self) -> None:
         try:
