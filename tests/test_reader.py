@@ -7,7 +7,8 @@ import pytest
 from tests.media import FakeLive, grey_level, tiny_image, write_video
 from yolo.frames import FrameReadError, FrameRef, StreamError
 from yolo.reader import FrameReader, ShareReader
-from yolo.sources import FramePlan, SourceItem, plan_frames
+from yolo.plans import FramePlan, SourceItem, plan_lengths
+from yolo.sources import plan_frames
 from yolo.streams import StreamOptions
 from yolo.synthetic import synthetic_image
 
@@ -149,15 +150,11 @@ def test_restart_at_position_yields_the_same_tail(mixed_dir, start):
 
 
 def live_plan(spec: list[str], frames: int | None) -> FramePlan:
-    items = tuple(SourceItem("stream", loc, f"camera{loc}", None) if loc.isdigit() else
-                  SourceItem("synthetic", "", f"synthetic/{n:05d}.jpg", 1) for n, loc in enumerate(spec))
-    lengths = [0 if item.kind == "stream" else 1 for item in items]
-    live = [i for i, item in enumerate(items) if item.kind == "stream"]
-    if frames is not None:
-        share, extra = divmod(frames - sum(lengths), len(live))
-        for turn, i in enumerate(live):
-            lengths[i] = share + (turn < extra)
-    return FramePlan("fake", items, tuple(lengths), frames)
+    """Synthetic scenes and fake cameras: a digit is a camera, anything else a scene."""
+    items = [SourceItem("stream", loc, f"camera{loc}", None) if loc.isdigit() else
+             SourceItem("synthetic", "", f"synthetic/{n:05d}.jpg", 1) for n, loc in enumerate(spec)]
+    lengths, total = plan_lengths(items, frames)
+    return FramePlan("fake", tuple(items), tuple(lengths), total)
 
 
 def test_planned_live_frames_alternate_and_give_up():
