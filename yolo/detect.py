@@ -23,7 +23,7 @@ from yolo.nms import nms_candidates, select_candidates
 from yolo.frames import Frame, FrameReadError, StreamError
 from yolo.imageio import DecodeOptions
 from yolo.reader import ShareReader
-from yolo.sources import FramePlan
+from yolo.plans import FramePlan
 from yolo.streams import StreamOptions, StreamStats
 from yolo.timing import timed
 

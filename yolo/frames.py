@@ -2,7 +2,7 @@
 metadata of the video or stream it came from (:class:`VideoInfo`), and the two ways a read
 goes wrong (:class:`FrameReadError` for one frame, :class:`StreamError` for a whole stream).
 
-Plain data shared by the plans (:mod:`yolo.sources`), the decoders (:mod:`yolo.imageio`,
+Plain data shared by the plans (:mod:`yolo.plans`), the decoders (:mod:`yolo.imageio`,
 :mod:`yolo.streams`) and the readers (:mod:`yolo.reader`).
 """
 
@@ -48,7 +48,7 @@ class FrameRef:
         name (str): relative, file-system-safe name: ``"a/b.jpg"``, ``"clip.mp4:000034"`` (the
             number is the source frame number), ``"camera0:000017"`` (the number is ``index``),
             ``"synthetic/00017.jpg"``. URLs are named without scheme and credentials.
-        item (int): index of the item in :attr:`yolo.sources.FramePlan.items`.
+        item (int): index of the item in :attr:`yolo.plans.FramePlan.items`.
         index (int): position of the frame within its item, after ``vid_stride``: 0 for an
             image; for a live stream, how many frames of that stream came before it.
         cycle (int): how many full passes over the source came before this frame.

@@ -1,6 +1,6 @@
 """Reading the frames of a plan inside one process.
 
-- :class:`ShareReader` reads one worker's share of a :class:`yolo.sources.FramePlan`, one
+- :class:`ShareReader` reads one worker's share of a :class:`yolo.plans.FramePlan`, one
   frame per :meth:`ShareReader.next` call, so a worker reads only when the pipeline has room.
 - :class:`FrameReader` reads a finite frame (image, video, synthetic, broken) by its
   :class:`~yolo.frames.FrameRef`, in any order; :class:`ShareReader` uses one.
@@ -13,7 +13,7 @@ Contract of :meth:`ShareReader.next`, with ``position`` the number of the worker
 - raises :class:`~yolo.frames.StreamError` and consumes no id: that video URL or live stream is
   given up; call ``next`` again to go on with the other items. A finite plan's remaining ids of
   that stream then come out as :class:`FrameReadError` without waiting, so every planned id is
-  still consumed exactly once, in :meth:`yolo.sources.FramePlan.worker_ids` order;
+  still consumed exactly once, in :meth:`yolo.plans.FramePlan.worker_ids` order;
 - returns None when the share is done: every planned id consumed and, in an open-ended plan,
   every live stream given up.
 
@@ -25,18 +25,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import cv2
 import numpy as np
 
 from yolo.frames import Frame, FrameReadError, FrameRef, StreamError, VideoInfo
 from yolo.imageio import DecodeOptions, read_image
+from yolo.plans import FramePlan
 from yolo.streams import LiveStream, StreamOptions, StreamStats, VideoReader, open_capture
 from yolo.synthetic import synthetic_image
-
-if TYPE_CHECKING:
-    from yolo.sources import FramePlan
 
 Opener = Callable[[str, StreamOptions], cv2.VideoCapture]
 
