@@ -84,10 +84,10 @@ class StreamOptions:
         backoffs_s = sum(self.backoff_s(a) for a in range(1, self.reconnect_attempts + 1))
         return self.read_timeout_ms / 1000 + self.reconnect_attempts * per_try_s + backoffs_s + GIVE_UP_MARGIN_S
 
-    def tried(self) -> str:
-        """What a reconnecting reader tries, for error messages."""
-        return (f"open timeout {self.open_timeout_ms} ms, read timeout {self.read_timeout_ms} ms, "
-                f"{self.reconnect_attempts} reconnects with backoff from {self.reconnect_backoff_s:g} s")
+    def tried(self, url: bool = True) -> str:
+        """What a reconnecting reader tries, for error messages; the timeouts apply to URLs."""
+        timeouts = f"open timeout {self.open_timeout_ms} ms, read timeout {self.read_timeout_ms} ms, " if url else ""
+        return f"{timeouts}{self.reconnect_attempts} reconnects with backoff from {self.reconnect_backoff_s:g} s"
 
 
 def is_camera(location: str) -> bool:
@@ -285,7 +285,7 @@ class LiveStream:
                 if remaining <= 0:
                     self._error = StreamError(self.name, f"no frame for {self._options.give_up_s:.1f} s although "
                                               f"every capture call should have timed out by then "
-                                              f"({self._options.tried()})", self._reconnects + 1, self.item)
+                                              f"({self._options.tried(not is_camera(self.location))})", self._reconnects + 1, self.item)
                     self._stop.set()
                     break
                 self._lock.wait(remaining)
@@ -333,7 +333,7 @@ class LiveStream:
             if reconnects_in_row >= self._options.reconnect_attempts:
                 what = "stopped sending frames" if ever_opened else "never opened"
                 self._give_up(f"{what}; gave up after {reconnects_in_row} reconnects without a frame "
-                              f"({self._options.tried()})", reconnects_in_row + 1)
+                              f"({self._options.tried(not is_camera(self.location))})", reconnects_in_row + 1)
                 return
             reconnects_in_row += 1
             with self._lock:
