@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolo.boxes import box_iou, clip_boxes, scale_boxes, xywh_to_xyxy, xyxy_to_xywh
+from yolo.boxes import box_iou, clip_boxes, scale_boxes, unreduce_boxes, xywh_to_xyxy, xyxy_to_xywh
 from yolo.letterbox import LetterboxInfo, letterbox
 
 
@@ -85,3 +85,12 @@ def test_box_iou_is_torchvision():
     a = torch.tensor([[0.0, 0.0, 10.0, 10.0]])
     b = torch.tensor([[5.0, 0.0, 15.0, 10.0], [20.0, 20.0, 30.0, 30.0]])
     torch.testing.assert_close(box_iou(a, b), torch.tensor([[1 / 3, 0.0]]))
+
+
+def test_unreduce_boxes_scales_by_the_factor_and_clips():
+    boxes = torch.tensor([[1.0, 2.0, 10.5, 20.0], [400.0, 300.0, 406.0, 310.0]])
+    out = unreduce_boxes(boxes, 2, (615, 811))  # a 811 x 615 image decoded at 1/2 is 406 x 308
+    torch.testing.assert_close(out, torch.tensor([[2.0, 4.0, 21.0, 40.0], [800.0, 600.0, 811.0, 615.0]]))
+    assert unreduce_boxes(boxes, 1, (1000, 1000)).equal(boxes)
+    with pytest.raises(ValueError, match="reduction in"):
+        unreduce_boxes(boxes, 3, (10, 10))

@@ -1,130 +1,135 @@
 import os
 
 import cv2
-import numpy as np
 import pytest
 
-from yolo.sources import (
-    SYNTHETIC_SHAPES,
-    FramePlan,
-    FrameReader,
-    FrameReadError,
-    FrameRef,
-    plan_frames,
-    synthetic_image,
-)
+from tests.media import MediaServer, tiny_image, write_video
+from yolo.frames import FrameRef
+from yolo.plans import FramePlan, SourceItem
+from yolo.sources import plan_frames
+from yolo.streams import StreamOptions
 
 VIDEO_FRAMES = 12
-VIDEO_SIZE = (64, 48)  # (w, h)
-
-
-def tiny_image(value: int, shape=(6, 8)) -> np.ndarray:
-    return np.full((*shape, 3), value, dtype=np.uint8)
+QUICK = StreamOptions(open_timeout_ms=2000, read_timeout_ms=2000, reconnect_attempts=1, reconnect_backoff_s=0.01)
 
 
 @pytest.fixture
 def image_tree(tmp_path):
-    """root/{b.png, a.jpg, nested/c.PNG, nested/deeper/d.bmp, notes.txt, empty/}"""
+    """root/{b.png, a.jpg, nested/c.PNG, nested/deeper/d.bmp, empty/}"""
     root = tmp_path / "images"
     (root / "nested" / "deeper").mkdir(parents=True)
     (root / "empty").mkdir()
     files = {"b.png": 20, "a.jpg": 10, "nested/c.PNG": 30, "nested/deeper/d.bmp": 40}
     for relpath, value in files.items():
         assert cv2.imwrite(str(root / relpath), tiny_image(value))
-    (root / "notes.txt").write_text("not an image")
     return root
 
 
-def write_video(path, frames=VIDEO_FRAMES) -> None:
-    """Frame i is a flat grey of level 20 * i, so frames are told apart after lossy coding."""
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG" if path.suffix == ".avi" else "mp4v"),
-                             10, VIDEO_SIZE)
-    if not writer.isOpened():
-        return
-    for i in range(frames):
-        writer.write(np.full((VIDEO_SIZE[1], VIDEO_SIZE[0], 3), 20 * i, dtype=np.uint8))
-    writer.release()
-
-
 @pytest.fixture
-def video(tmp_path):
-    for name in ("clip.mp4", "clip.avi"):
-        path = tmp_path / name
-        write_video(path)
-        if path.exists() and cv2.VideoCapture(str(path)).isOpened():
-            return path
-    pytest.skip("no OpenCV video writer works on this machine")
+def mixed_tree(image_tree):
+    """image_tree plus a video, a broken symlink, a .txt, a file without extension, and hidden entries."""
+    write_video(image_tree / "nested" / "clip.avi", VIDEO_FRAMES)
+    os.symlink(image_tree / "gone.jpg", image_tree / "link.jpg")
+    (image_tree / "notes.txt").write_text("not an image")
+    (image_tree / "README").write_text("no extension")
+    (image_tree / ".DS_Store").write_bytes(b"\0")
+    (image_tree / ".git").mkdir()
+    (image_tree / ".git" / "x.jpg").write_bytes(b"\0")
+    return image_tree
 
 
-def grey_level(image: np.ndarray) -> int:
-    return int(round(float(image.mean()) / 20))
+def names(plan: FramePlan) -> list[str]:
+    return [item.name for item in plan.items]
 
 
-def test_plan_directory_sorted_recursive_case_insensitive(image_tree):
+def test_directory_sorted_recursive_case_insensitive(image_tree):
     plan = plan_frames(str(image_tree))
-    assert plan.kind == "image"
     assert plan.root == str(image_tree)
-    assert plan.source_len == plan.total == 4
-    names = [plan.ref(i).name for i in range(plan.total)]
-    assert names == ["a.jpg", "b.png", "nested/c.PNG", "nested/deeper/d.bmp"]
-    assert all(os.path.isabs(p) for p in plan.items)
-    ref = plan.ref(2)
-    assert ref == FrameRef(2, "image", str(image_tree / "nested" / "c.PNG"), "nested/c.PNG", 2, 0)
+    assert plan.total == plan.pass_len == 4
+    assert names(plan) == ["a.jpg", "b.png", "nested/c.PNG", "nested/deeper/d.bmp"]
+    assert {item.kind for item in plan.items} == {"image"}
+    assert all(os.path.isabs(item.location) for item in plan.items)
+    assert plan.ref(2) == FrameRef(2, "image", "nested/c.PNG", 2, 0, 0, str(image_tree / "nested" / "c.PNG"), 0)
 
 
-def test_read_images(image_tree):
+def test_directory_entries_are_never_skipped_silently(mixed_tree):
+    plan = plan_frames(str(mixed_tree))
+    by_name = {item.name: item for item in plan.items}
+    assert names(plan) == sorted(by_name)
+    assert by_name["nested/clip.avi"].kind == "video" and by_name["nested/clip.avi"].frames == VIDEO_FRAMES
+    assert by_name["link.jpg"].kind == "broken"
+    assert by_name["link.jpg"].reason == f"broken symlink -> {mixed_tree / 'gone.jpg'}"
+    assert by_name["notes.txt"].reason.startswith("unsupported file type .txt")
+    assert by_name["README"].reason == "unsupported file type (no extension)"
+    assert not any(name.startswith(".") or "/." in name for name in by_name)
+    assert plan.skipped == ("2 hidden entries (names starting with '.') under .",)
+    assert plan.total == 4 + VIDEO_FRAMES + 3  # every broken entry is one planned (failing) frame
+    assert "hidden" in plan.summary() and "3 broken" in plan.summary()
+
+
+def test_directory_symlink_followed_once(image_tree):
+    os.symlink(image_tree / "nested", image_tree / "again")
+    os.symlink(image_tree, image_tree / "nested" / "loop")
     plan = plan_frames(str(image_tree))
-    with FrameReader() as reader:
-        levels = [int(reader.read(plan.ref(i))[0, 0, 0]) for i in range(plan.total)]
-        image = reader.read(plan.ref(0))
-    assert levels == [10, 20, 30, 40]
-    assert image.dtype == np.uint8 and image.shape == (6, 8, 3)
+    assert names(plan) == ["a.jpg", "b.png", "nested/c.PNG", "nested/deeper/d.bmp"]  # real folders first
+    assert plan.skipped == (f"again: a directory listed already ({image_tree / 'nested'})",
+                            f"nested/loop: a directory listed already ({image_tree})")
 
 
-def test_plan_single_file(image_tree):
+def test_special_and_unreadable_files(image_tree):
+    os.mkfifo(image_tree / "pipe.jpg")
+    by_name = {item.name: item for item in plan_frames(str(image_tree)).items}
+    assert by_name["pipe.jpg"].reason == "not a regular file"
+    if os.geteuid() == 0:
+        pytest.skip("root reads files without read permission")
+    (image_tree / "a.jpg").chmod(0)
+    by_name = {item.name: item for item in plan_frames(str(image_tree)).items}
+    assert by_name["a.jpg"].reason == "unreadable file (permission denied)"
+
+
+def test_single_files(image_tree, tmp_path):
     plan = plan_frames(str(image_tree / "nested" / "c.PNG"))
-    assert (plan.kind, plan.total, plan.source_len) == ("image", 1, 1)
-    assert plan.ref(0).name == "c.PNG"
-    assert plan.root == str(image_tree / "nested")
+    assert (plan.total, names(plan), plan.root) == (1, ["c.PNG"], str(image_tree / "nested"))
+    video = write_video(tmp_path / "clip.mp4", VIDEO_FRAMES)
+    plan = plan_frames(str(video))
+    item = plan.items[0]
+    assert (item.kind, item.frames, plan.total) == ("video", VIDEO_FRAMES, VIDEO_FRAMES)
+    assert (item.video.width, item.video.height, item.video.fps, item.video.frames) == (64, 48, 10.0, VIDEO_FRAMES)
+    assert plan.ref(3).name == "clip.mp4:000003" and plan.ref(3).source_index == 3
 
 
-def test_plan_unicode_path(tmp_path):
+def test_unicode_path(tmp_path):
     folder = tmp_path / "bilder-ü"
     folder.mkdir()
-    path = folder / "straße.png"
     ok, encoded = cv2.imencode(".png", tiny_image(77))
     assert ok
-    encoded.tofile(str(path))
-    plan = plan_frames(str(folder))
-    with FrameReader() as reader:
-        assert int(reader.read(plan.ref(0))[0, 0, 0]) == 77
-    assert plan.ref(0).name == "straße.png"
+    encoded.tofile(str(folder / "straße.png"))
+    assert names(plan_frames(str(folder))) == ["straße.png"]
 
 
-def test_plan_glob(image_tree):
+def test_glob(image_tree):
     plan = plan_frames(str(image_tree / "**" / "*.png"))
     assert plan.root == str(image_tree)
-    assert [plan.ref(i).name for i in range(plan.total)] == ["b.png"]
-    plan = plan_frames(str(image_tree / "nested" / "*"))
+    assert names(plan) == ["b.png"]
+    plan = plan_frames(str(image_tree / "nested" / "*"))  # the directory 'deeper' is not a match
     assert plan.root == str(image_tree / "nested")
-    assert [plan.ref(i).name for i in range(plan.total)] == ["c.PNG"]
-    plan = plan_frames(str(image_tree / "*" / "*"))
-    assert [plan.ref(i).name for i in range(plan.total)] == ["nested/c.PNG"]
+    assert names(plan) == ["c.PNG"]
+    assert names(plan_frames(str(image_tree / "*" / "*"))) == ["nested/c.PNG"]
+    (image_tree / "notes.txt").write_text("x")
+    assert plan_frames(str(image_tree / "*.txt")).items[0].kind == "broken"
 
 
-def test_plan_synthetic():
+def test_synthetic():
     plan = plan_frames("synthetic", synthetic_count=10)
-    assert (plan.kind, plan.items, plan.total, plan.source_len, plan.root) == ("synthetic", (), 10, 10, "")
-    assert plan.ref(7) == FrameRef(7, "synthetic", "", "synthetic/00007.jpg", 7, 0)
-    with FrameReader() as reader:
-        np.testing.assert_array_equal(reader.read(plan.ref(3)), synthetic_image(3))
+    assert (plan.total, plan.root, len(plan.items)) == (10, "", 10)
+    assert plan.ref(7) == FrameRef(7, "synthetic", "synthetic/00007.jpg", 7, 0, 0, "", 7)
 
 
 def test_looping(image_tree):
     plan = plan_frames(str(image_tree), frames=10)
-    assert (plan.total, plan.source_len) == (10, 4)
+    assert (plan.total, plan.pass_len) == (10, 4)
     refs = [plan.ref(i) for i in range(10)]
-    assert [r.index for r in refs] == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert [r.item for r in refs] == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     assert [r.cycle for r in refs] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
     assert refs[5].name == refs[1].name == "b.png"
     assert plan_frames(str(image_tree), frames=2).total == 2
@@ -140,88 +145,76 @@ def test_ref_out_of_range(image_tree):
         plan.ref(-1)
 
 
-def plan_of(kind: str, total: int) -> FramePlan:
-    items = ("/v.mp4",) if kind == "video" else ()
-    return FramePlan("x", kind, items, total, max(total, 1), "/")
+def test_vid_stride(tmp_path):
+    video = write_video(tmp_path / "clip.avi", VIDEO_FRAMES)
+    plan = plan_frames(str(video), vid_stride=5)
+    assert plan.total == 3  # frames 0, 5, 10
+    assert [plan.ref(i).source_index for i in range(3)] == [0, 5, 10]
+    assert [plan.ref(i).index for i in range(3)] == [0, 1, 2]
+    assert plan.ref(2).name == "clip.avi:000010"
+    assert plan.items[0].video.fps == 2.0 and plan.items[0].video.source_fps == 10.0
+    assert plan_frames(str(video), vid_stride=VIDEO_FRAMES).total == 1
+    with pytest.raises(ValueError, match="vid_stride"):
+        plan_frames(str(video), vid_stride=0)
 
 
-@pytest.mark.parametrize("kind", ["image", "synthetic", "video"])
-@pytest.mark.parametrize("total", [1, 2, 7, 10, 64, 101])
-@pytest.mark.parametrize("workers", [1, 2, 3, 4, 8, 16])
-def test_worker_ids_partition(kind, total, workers):
-    plan = plan_of(kind, total)
-    shares = [plan.worker_ids(w, workers) for w in range(workers)]
-    flat = [i for share in shares for i in share]
-    assert sorted(flat) == list(range(total))
-    assert len(flat) == len(set(flat))
-    sizes = [len(share) for share in shares]
-    assert max(sizes) - min(sizes) <= 1
-    if kind == "video":
-        assert [i for share in shares for i in share] == list(range(total))
-        assert all(share.step == 1 for share in shares)
-    else:
-        assert shares[0] == range(0, total, workers)
+def test_list_file(image_tree, tmp_path):
+    clip = write_video(tmp_path / "clip.avi", VIDEO_FRAMES)
+    with MediaServer({"clip.avi": clip.read_bytes()}) as server:
+        listing = image_tree / "list.txt"
+        listing.write_text("\n".join([
+            "# a comment, then a blank line", "",
+            "  a.jpg  ",  # relative to the list's folder
+            str(image_tree / "nested" / "c.PNG"),
+            "nested/deeper",  # a directory
+            "*.png",  # a glob
+            "missing.jpg",
+            server.url("/files/clip.avi"),  # http with a frame count: a video
+            server.url("/live.mjpg"),  # http without one: a live stream
+            server.url("/files/missing.avi"),
+            "rtsp://user:secret@cam.local:554/ch1",  # not opened while planning
+            "1",  # a camera
+        ]))
+        plan = plan_frames(str(listing), streams=QUICK)
+    kinds = [(item.kind, item.name) for item in plan.items]
+    host = server.url("").split("//")[1].replace(":", "_")
+    assert kinds == [
+        ("image", "a.jpg"), ("image", "nested/c.PNG"), ("image", "nested/deeper/d.bmp"), ("image", "b.png"),
+        ("broken", "missing.jpg"), ("video", f"{host}/files/clip.avi"), ("stream", f"{host}/live.mjpg"),
+        ("broken", f"{host}/files/missing.avi"), ("stream", "cam.local_554/ch1"), ("stream", "camera1"),
+    ]
+    assert plan.items[4].reason == "no such file or directory"
+    assert plan.items[5].frames == VIDEO_FRAMES
+    assert plan.items[7].reason.startswith("cannot open URL")
+    assert plan.items[8].location == "rtsp://user:secret@cam.local:554/ch1"
+    assert plan.open_ended and plan.total is None and plan.pass_len == 4 + 1 + VIDEO_FRAMES + 1
 
 
-@pytest.mark.parametrize("worker, workers", [(0, 0), (-1, 2), (2, 2), (0, 1.5), (True, 2)])
-def test_worker_ids_rejects_bad_arguments(worker, workers):
-    with pytest.raises(ValueError, match="expected worker"):
-        plan_of("image", 4).worker_ids(worker, workers)
+def test_list_names_stay_inside_output_folders(tmp_path):
+    outside = tmp_path / "outside.png"
+    assert cv2.imwrite(str(outside), tiny_image(1))
+    (tmp_path / "lists").mkdir()
+    listing = tmp_path / "lists" / "l.txt"
+    listing.write_text("../outside.png\n")
+    assert names(plan_frames(str(listing))) == [str(outside).lstrip("/")]
 
 
-def test_video_plan_and_sequential_read(video):
-    plan = plan_frames(str(video))
-    assert (plan.kind, plan.items, plan.total, plan.source_len) == ("video", (str(video),), VIDEO_FRAMES,
-                                                                   VIDEO_FRAMES)
-    assert plan.ref(3).name == f"{video.name}:000003"
-    with FrameReader() as reader:
-        images = [reader.read(plan.ref(i)) for i in range(plan.total)]
-    assert all(image.shape == (VIDEO_SIZE[1], VIDEO_SIZE[0], 3) for image in images)
-    assert all(image.dtype == np.uint8 for image in images)
-    assert [grey_level(image) for image in images] == list(range(VIDEO_FRAMES))
+def test_camera_and_rtsp_sources_plan_without_opening():
+    plan = plan_frames("0")
+    assert plan.items == (SourceItem("stream", "0", "camera0", None),)
+    assert plan.open_ended and plan.pass_len == 0
+    plan = plan_frames("rtsp://cam.local/ch1", frames=50)
+    assert (plan.total, plan.lengths) == (50, (50,))
+    assert plan.ref(49).name == "cam.local/ch1:000049" and plan.ref(49).kind == "stream"
 
 
-def test_video_seek_and_loop(video):
-    plan = plan_frames(str(video), frames=VIDEO_FRAMES + 3)
-    with FrameReader() as reader:
-        assert grey_level(reader.read(plan.ref(7))) == 7
-        assert grey_level(reader.read(plan.ref(8))) == 8
-        assert grey_level(reader.read(plan.ref(2))) == 2
-        assert grey_level(reader.read(plan.ref(VIDEO_FRAMES + 1))) == 1
-        for worker in range(3):
-            ids = plan.worker_ids(worker, 3)
-            assert [grey_level(reader.read(plan.ref(i))) for i in ids] == [i % VIDEO_FRAMES for i in ids]
-
-
-def test_video_past_end(video):
-    index = VIDEO_FRAMES + 5
-    ref = FrameRef(0, "video", str(video), f"{video.name}:{index:06d}", index, 0)
-    expected = f"video ended at frame {index} of {VIDEO_FRAMES}: .*{video.name}"
-    with FrameReader() as reader, pytest.raises(FrameReadError, match=expected):
-        reader.read(ref)
-
-
-def test_unopenable_video(tmp_path):
-    path = tmp_path / "broken.mp4"
-    path.write_bytes(b"not a video at all")
-    with pytest.raises(ValueError, match="broken.mp4"):
-        plan_frames(str(path))
-
-
-def test_corrupt_image(tmp_path):
-    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 definitely not a jpeg")
-    (tmp_path / "empty.png").write_bytes(b"")
-    plan = plan_frames(str(tmp_path))
-    with FrameReader() as reader:
-        for i in range(plan.total):
-            with pytest.raises(FrameReadError, match="cannot decode image: .*(bad.jpg|empty.png)"):
-                reader.read(plan.ref(i))
-
-
-def test_missing_image_file(tmp_path):
-    ref = FrameRef(0, "image", str(tmp_path / "gone.jpg"), "gone.jpg", 0, 0)
-    with FrameReader() as reader, pytest.raises(FrameReadError, match="gone.jpg"):
-        reader.read(ref)
+def test_live_streams_share_frames(image_tree):
+    listing = image_tree / "l.txt"
+    listing.write_text("a.jpg\n0\nb.png\n1\n2\n")
+    plan = plan_frames(str(listing), frames=10)
+    assert plan.lengths == (1, 3, 1, 3, 2)  # 8 live frames, split in stream order
+    truncated = plan_frames(str(listing), frames=1)
+    assert (truncated.total, truncated.lengths) == (1, (1, 0, 1, 0, 0))  # only a.jpg is read: no live frame
 
 
 def test_bad_sources(tmp_path, image_tree):
@@ -229,26 +222,27 @@ def test_bad_sources(tmp_path, image_tree):
         plan_frames(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="directory .*empty.* got none"):
         plan_frames(str(image_tree / "empty"))
+    (image_tree / "empty" / ".hidden.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match="got none .*1 hidden entries"):
+        plan_frames(str(image_tree / "empty"))
     with pytest.raises(ValueError, match=r"glob .*\*\.gif.* got none"):
         plan_frames(str(image_tree / "*.gif"))
-    with pytest.raises(ValueError, match="extension '.txt'"):
-        plan_frames(str(image_tree / "notes.txt"))
+    (image_tree / "data.csv").write_text("x")
+    with pytest.raises(ValueError, match="extension '.csv'"):
+        plan_frames(str(image_tree / "data.csv"))
+    (image_tree / "broken.mp4").write_bytes(b"not a video at all")
+    with pytest.raises(ValueError, match="broken.mp4.*cannot open video"):
+        plan_frames(str(image_tree / "broken.mp4"))
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    with pytest.raises(ValueError, match="broken symlink"):
+        plan_frames(str(tmp_path / "dangling"))
+    (tmp_path / "empty.txt").write_text("# nothing\n\n")
+    with pytest.raises(ValueError, match="list file .* got none"):
+        plan_frames(str(tmp_path / "empty.txt"))
+    with pytest.raises(ValueError, match="URL OpenCV can open"):
+        plan_frames("http://127.0.0.1:9/clip.mp4", streams=QUICK)
     for frames in (0, -3, 1.5, True):
         with pytest.raises(ValueError, match="expected frames"):
             plan_frames(str(image_tree), frames=frames)
     with pytest.raises(ValueError, match="synthetic_count"):
         plan_frames("synthetic", synthetic_count=0)
-
-
-def test_synthetic_image_deterministic_and_varied():
-    first = synthetic_image(5)
-    np.testing.assert_array_equal(first, synthetic_image(5))
-    assert not np.array_equal(synthetic_image(5, seed=1), first)
-    shapes = [synthetic_image(i).shape for i in range(len(SYNTHETIC_SHAPES))]
-    assert shapes == [(h, w, 3) for h, w in SYNTHETIC_SHAPES]
-    assert synthetic_image(len(SYNTHETIC_SHAPES)).shape == shapes[0]
-    assert not np.array_equal(synthetic_image(len(SYNTHETIC_SHAPES)), synthetic_image(0))
-    assert first.dtype == np.uint8 and first.flags.c_contiguous
-    assert first.std() > 10
-    with pytest.raises(ValueError, match="got -1"):
-        synthetic_image(-1)

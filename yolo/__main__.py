@@ -14,6 +14,7 @@ import torch
 from yolo.checkpoint import CheckpointError, load_model
 from yolo.detect import SEQUENTIAL_STAGES, DetectOptions, run_sequential, write_json
 from yolo.devices import resolve_device
+from yolo.imageio import DEFAULT_MAX_PIXELS, DECODE_MODES, DecodeOptions
 from yolo.precision import choose_precision
 from yolo.sources import plan_frames
 
@@ -24,7 +25,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m yolo", description=__doc__)
     p.add_argument("--weights", default=None, help="YOLOv5 checkpoint (.pt); default: random-weight --preset")
     p.add_argument("--preset", default="yolov5n", help="model built with random weights when --weights is absent")
-    p.add_argument("--source", default="synthetic", help="image, directory, glob, video, or 'synthetic'")
+    p.add_argument("--source", default="synthetic",
+                   help="image, video, directory, glob, .txt list, URL, camera index, or 'synthetic'")
+    p.add_argument("--vid-stride", type=int, default=1, help="read every N-th frame of videos and streams")
+    p.add_argument("--decode", choices=DECODE_MODES, default="full",
+                   help="'reduced': decode large JPEGs at 1/2, 1/4 or 1/8 size (boxes are mapped back)")
+    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help="refuse images with more pixels than this, before decoding them")
     p.add_argument("--imgsz", type=int, default=640, help="letterbox size (long side in --rect mode)")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--rect", dest="rect", action="store_const", const=True, default=True,
@@ -43,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-fuse", action="store_true", help="keep BatchNorm separate from the convs")
     p.add_argument("--no-channels-last", action="store_true", help="keep NCHW weights (default NHWC)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--frames", type=int, default=None, help="stop after N frames, looping the source")
+    p.add_argument("--frames", type=int, default=None,
+                   help="stop after N frames, looping a finite source (a live stream runs until Ctrl-C without it)")
     p.add_argument("--warmup", type=int, default=0, help="frames left out of the timings")
     p.add_argument("--save-dir", default=None, help="save annotated images here (and labels/ with --save-txt)")
     p.add_argument("--save-txt", action="store_true",
@@ -65,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = DetectOptions(imgsz=args.imgsz, rect=args.rect, conf_thres=args.conf_thres,
                              iou_thres=args.iou_thres, classes=tuple(args.classes) if args.classes else None,
                              agnostic=args.agnostic_nms, max_det=args.max_det)
-        plan = plan_frames(args.source, args.frames)
+        decode = DecodeOptions(args.decode, args.imgsz, args.max_pixels)
+        plan = plan_frames(args.source, args.frames, vid_stride=args.vid_stride)
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"--threads: expected >= 1, got {args.threads}")
@@ -75,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, CheckpointError) as exc:
         log.error("error: %s", exc)
         return 2
+    log.info("source %s: %s", args.source, plan.summary())
     result = run_sequential(model, plan, opts, device=device, save_dir=args.save_dir, save_txt=args.save_txt,
-                            save_conf=args.save_conf, warmup=args.warmup, progress=not args.quiet)
+                            save_conf=args.save_conf, warmup=args.warmup, progress=not args.quiet, decode=decode)
     if args.save_json:
         write_json(args.save_json, result.records)
     print_summary(result, torch.get_num_threads(), model.precision)
@@ -100,6 +110,12 @@ def print_summary(result, threads: int, precision: str) -> None:
              result.fps, threads, precision, len(result.failed))
     for failure in result.failed:
         log.info("  failed frame %d %s: %s", failure["frame"], failure["image"], failure["reason"])
+    for stream in result.streams:
+        log.info("  stream %s: %d grabbed, %d kept (vid-stride), %d read, %d dropped (newest frame kept), "
+                 "%d reconnects%s", stream.name, stream.grabbed, stream.kept, stream.delivered, stream.dropped,
+                 stream.reconnects, f"; {stream.error}" if stream.error else "")
+    for stream in result.given_up:
+        log.info("  given up: %s", stream)
 
 
 if __name__ == "__main__":

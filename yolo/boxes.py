@@ -10,7 +10,9 @@ from torchvision.ops import box_convert, box_iou, clip_boxes_to_image
 
 from yolo.letterbox import LetterboxInfo
 
-__all__ = ["box_iou", "clip_boxes", "scale_boxes", "xywh_to_xyxy", "xyxy_to_xywh"]
+__all__ = ["box_iou", "clip_boxes", "scale_boxes", "unreduce_boxes", "xywh_to_xyxy", "xyxy_to_xywh"]
+
+REDUCTIONS = (1, 2, 4, 8)  # the scales of OpenCV's IMREAD_REDUCED_* decodes
 
 
 def _check_boxes(boxes: Tensor) -> None:
@@ -75,3 +77,25 @@ def scale_boxes(boxes: Tensor, info: LetterboxInfo) -> Tensor:
     pad_x, pad_y = info.pad
     offset = boxes.new_tensor((pad_x, pad_y, pad_x, pad_y))
     return clip_boxes((boxes - offset) / info.ratio, info.original_shape)
+
+
+def unreduce_boxes(boxes: Tensor, reduction: int, original_shape: Sequence[int]) -> Tensor:
+    """Map boxes from the pixels of a reduced decode back to the full-size image's pixels.
+
+    A JPEG decoded at ``1 / reduction`` has ``ceil(W / reduction)`` columns, column ``i``
+    covering full-size columns ``[i * reduction, (i + 1) * reduction)`` (the last one may be
+    cut short), so coordinates scale by exactly ``reduction``; the result is clipped to the
+    full-size image.
+
+    Args:
+        boxes (Tensor[N, 4]): boxes in ``(x1, y1, x2, y2)`` format, reduced-image pixels.
+        reduction (int): 1, 2, 4 or 8 (:attr:`yolo.frames.Frame.reduction`).
+        original_shape (Sequence[int]): ``(H, W)`` of the full-size image.
+
+    Returns:
+        Tensor[N, 4]: new tensor of ``(x1, y1, x2, y2)`` boxes in full-size pixels.
+    """
+    _check_boxes(boxes)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"expected a reduction in {REDUCTIONS}, got {reduction!r}")
+    return clip_boxes(boxes * reduction, original_shape)

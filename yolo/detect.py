@@ -15,13 +15,17 @@ import cv2
 import numpy as np
 import torch
 
-from yolo.boxes import scale_boxes
+from yolo.boxes import scale_boxes, unreduce_boxes
 from yolo.draw import draw_detections
 from yolo.labels import label_lines, label_path, write_label_file
 from yolo.letterbox import LetterboxInfo, letterbox
 from yolo.tensors import to_tensor
 from yolo.nms import nms_candidates, select_candidates
-from yolo.sources import FramePlan, FrameReader, FrameReadError
+from yolo.frames import Frame, FrameReadError, StreamError
+from yolo.imageio import DecodeOptions
+from yolo.reader import ShareReader
+from yolo.plans import FramePlan
+from yolo.streams import StreamOptions, StreamStats
 from yolo.timing import timed
 
 log = logging.getLogger(__name__)
@@ -114,6 +118,9 @@ class SequentialResult:
     records: list[dict[str, Any]] = field(default_factory=list)
     stage_ms: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SEQUENTIAL_STAGES})
     wall_s: float = 0.0
+    streams: list[StreamStats] = field(default_factory=list)
+    given_up: list[str] = field(default_factory=list)  # video URLs and live streams that failed for good
+    interrupted: bool = False
 
     @property
     def fps(self) -> float:
@@ -122,59 +129,88 @@ class SequentialResult:
 
 def run_sequential(model: torch.nn.Module, plan: FramePlan, opts: DetectOptions, *, device: torch.device,
                    save_dir: str | None = None, save_txt: bool = False, save_conf: bool = False,
-                   warmup: int = 0, progress: bool = True) -> SequentialResult:
+                   warmup: int = 0, progress: bool = True, decode: DecodeOptions | None = None,
+                   streams: StreamOptions | None = None) -> SequentialResult:
     """Detect on every planned frame, one at a time. The first ``warmup`` frames run but are
-    left out of the stage times and the fps. With ``save_dir``, annotated images go there, and
-    with ``save_txt`` YOLO label files under its ``labels/`` (first pass of a looped source only;
-    ``save_conf`` adds the scores)."""
+    left out of the stage times and the fps. An open-ended plan (a live stream) runs until its
+    streams are given up or Ctrl-C. With a reduced decode the records hold full-size boxes and
+    the saved images are the reduced ones, boxes drawn at that size. With ``save_dir``, annotated
+    images go there, and with ``save_txt`` YOLO label files under its ``labels/`` (first pass of
+    a looped source only; ``save_conf`` adds the scores)."""
     if save_txt and save_dir is None:
         raise ValueError("save_txt: expected a save_dir for the labels/ folder, got None")
     result = SequentialResult()
-    names = model.names
-    dtype = model.input_dtype
-    stride = model.max_stride
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    decode = decode or DecodeOptions(imgsz=opts.imgsz)
     measured_start = time.perf_counter()
-    with FrameReader() as reader, torch.inference_mode():
-        for frame_id in range(plan.total):
-            if frame_id == warmup:
-                measured_start = time.perf_counter()
-            ref = plan.ref(frame_id)
-            t0 = time.perf_counter()
-            try:
-                image = reader.read(ref)
-            except FrameReadError as exc:
-                result.failed.append({"frame": frame_id, "image": ref.name, "stage": "read", "reason": str(exc)})
-                log.warning("frame %d (%s) failed: %s", frame_id, ref.name, exc)
-                continue
-            t1 = time.perf_counter()
-            boxed, info = letterbox(image, opts.imgsz, stride, rect=opts.rect)
-            t2 = time.perf_counter()
-            prediction = model(to_tensor(boxed, device, dtype))
-            candidates = candidates_for_batch(prediction, opts)[0]
-            sync()
-            t3 = time.perf_counter()
-            dets = final_detections(candidates, info, opts)
-            t4 = time.perf_counter()
-            if save_dir is not None:
-                draw_detections(image, dets, names, inplace=True)
-            t5 = time.perf_counter()
-            if save_dir is not None:
-                save_image(os.path.join(save_dir, annotated_name(ref.name, ref.cycle)), image)
-            if save_txt and ref.cycle == 0 and len(dets):
-                lines = label_lines(dets, image.shape[:2], save_conf)
-                write_label_file(os.path.join(save_dir, label_path(ref.name)), lines)
-            t6 = time.perf_counter()
-            result.records.extend(detection_records(dets, ref.name, frame_id, names))
-            if frame_id >= warmup:
-                result.frames += 1
-                for stage, ms in zip(SEQUENTIAL_STAGES, np.diff([t0, t1, t2, t3, t4, t5, t6]) * 1e3):
-                    result.stage_ms[stage].append(float(ms))
-            if progress:
-                log.info("%d/%d %s: %dx%d %s, %.1f ms", frame_id + 1, plan.total, ref.name, boxed.shape[0],
-                         boxed.shape[1], summarise_counts(dets, names), (t6 - t0) * 1e3)
+    consumed = 0
+    with ShareReader(plan, decode=decode, streams=streams) as reader, torch.inference_mode():
+        try:
+            while True:
+                if consumed == warmup:
+                    measured_start = time.perf_counter()
+                t0 = time.perf_counter()
+                try:
+                    frame = reader.next()
+                except FrameReadError as exc:
+                    consumed += 1
+                    result.failed.append({"frame": exc.ref.frame_id, "image": exc.ref.name, "stage": "read",
+                                          "reason": exc.reason})
+                    log.warning("frame %d (%s) failed: %s", exc.ref.frame_id, exc.ref.name, exc.reason)
+                    continue
+                except StreamError as exc:
+                    result.given_up.append(str(exc))
+                    log.error("%s", exc)
+                    continue
+                if frame is None:
+                    break
+                consumed += 1
+                _detect_frame(model, frame, opts, consumed > warmup, t0, result, device=device, save_dir=save_dir,
+                              labels=(save_txt, save_conf), progress=progress, total=plan.total)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            log.info("interrupted: stopping after %d frames", consumed)
+        result.streams = reader.stream_stats()
     result.wall_s = time.perf_counter() - measured_start
     return result
+
+
+def _detect_frame(model: torch.nn.Module, frame: Frame, opts: DetectOptions, measured: bool, t0: float,
+                  result: SequentialResult, *, device: torch.device, save_dir: str | None,
+                  labels: tuple[bool, bool], progress: bool, total: int | None) -> None:
+    """Letterbox, model, NMS, draw and save one frame read at ``t0``; its records and stage
+    times go into ``result``. ``labels`` is (save_txt, save_conf)."""
+    names, ref = model.names, frame.ref
+    dtype = model.input_dtype
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    t1 = time.perf_counter()
+    boxed, info = letterbox(frame.image, opts.imgsz, model.max_stride, rect=opts.rect)
+    t2 = time.perf_counter()
+    prediction = model(to_tensor(boxed, device, dtype))
+    candidates = candidates_for_batch(prediction, opts)[0]
+    sync()
+    t3 = time.perf_counter()
+    dets = final_detections(candidates, info, opts)
+    t4 = time.perf_counter()
+    if save_dir is not None:
+        draw_detections(frame.image, dets, names, inplace=True)
+    t5 = time.perf_counter()
+    if save_dir is not None:
+        save_image(os.path.join(save_dir, annotated_name(ref.name, ref.cycle)), frame.image)
+    if frame.reduction > 1:
+        dets = torch.cat((unreduce_boxes(dets[:, :4], frame.reduction, frame.original_shape), dets[:, 4:]), 1)
+    save_txt, save_conf = labels
+    if save_txt and ref.cycle == 0 and len(dets):
+        lines = label_lines(dets, frame.original_shape, save_conf)
+        write_label_file(os.path.join(save_dir, label_path(ref.name)), lines)
+    t6 = time.perf_counter()
+    result.records.extend(detection_records(dets, ref.name, ref.frame_id, names))
+    if measured:
+        result.frames += 1
+        for stage, ms in zip(SEQUENTIAL_STAGES, np.diff([t0, t1, t2, t3, t4, t5, t6]) * 1e3):
+            result.stage_ms[stage].append(float(ms))
+    if progress:
+        log.info("%d/%s %s: %dx%d %s, %.1f ms", ref.frame_id + 1, total if total is not None else "?", ref.name,
+                 boxed.shape[0], boxed.shape[1], summarise_counts(dets, names), (t6 - t0) * 1e3)
 
 
 def write_json(path: str, records: list[dict[str, Any]]) -> None:

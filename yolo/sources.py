@@ -1,30 +1,51 @@
-"""What frames a run reads, and how one worker process reads them.
+"""What frames a run reads: the items of a source.
 
-A source is ``"synthetic"``, a directory of images (searched recursively), a single image,
-a glob pattern, or a video file. :func:`plan_frames` turns it into a :class:`FramePlan`: a
-fixed list of frame ids ``0 .. total-1`` that loops over the source when the run asks for
-more frames than one pass holds. Each worker takes its share with
-:meth:`FramePlan.worker_ids` and reads frames with a :class:`FrameReader`.
+Sources (:func:`plan_frames`):
 
-No sockets here: the plan is plain data, cheap to pass to a worker process.
+- ``"synthetic"``: ``synthetic_count`` generated scenes (:mod:`yolo.synthetic`).
+- an image file (:data:`IMAGE_EXTENSIONS`) or a video file (:data:`VIDEO_EXTENSIONS`).
+- a directory, searched recursively, following directory symlinks (a directory reached twice,
+  e.g. through a symlink loop, is listed once). Images are images and videos are read frame by
+  frame; every other entry still becomes an item, of kind ``"broken"``, that yields one failed
+  frame with its reason: ``"broken symlink -> target"``, ``"unsupported file type .txt"``,
+  ``"unreadable file (permission denied)"``, ``"not a regular file"``, ``"cannot open video"``,
+  ``"cannot list directory (...)"``. Hidden entries (names starting with ``.``: ``.git``,
+  ``.DS_Store``, ``._x.jpg``) are left out, as ``ls`` and ``glob`` leave them out, and counted
+  in :attr:`FramePlan.skipped <yolo.plans.FramePlan.skipped>` with the directories listed twice.
+- a glob (``data/**/*.jpg``): the files it matches, classified like a directory's entries; the
+  directories it matches are ignored (``**`` descends).
+- a ``.txt`` list: one source per line (blank lines and ``#`` comments ignored): a path
+  (relative to the list's folder) of an image, video, directory or glob, a URL, or a camera
+  index. Lines that name nothing readable become ``"broken"`` items.
+- a camera index (``"0"``, ``"1"``): a live stream from ``cv2.VideoCapture(int)``. A source
+  made of digits is always a camera; write ``./0`` for a file named ``0``.
+- a URL of :data:`yolo.streams.URL_SCHEMES`. An http(s) URL is opened once here: with a known
+  frame count it is a video, read frame by frame like a file; without one it is a live stream.
+  Other schemes (rtsp, rtmp, ...) are live streams and are not opened here.
+
+A source that names nothing usable (a missing path, an empty directory, an unsupported or
+unopenable single file, a glob that matches nothing) is a :class:`ValueError`.
+
+:func:`plan_frames` turns a source into a :class:`~yolo.plans.FramePlan` (frame ids and worker
+shares: see :mod:`yolo.plans`); :class:`~yolo.reader.ShareReader` reads one worker's share.
+``FrameReader``, ``FrameReadError`` and ``FrameRef`` are re-exported for existing callers.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass
-from types import TracebackType
+from yolo.frames import FrameReadError, FrameRef
+from yolo.plans import FramePlan, SourceItem, plan_lengths
+from yolo.reader import FrameReader, ShareReader
+from yolo.streams import FILE_URL_SCHEMES, StreamOptions, is_camera, is_url, probe_video, stream_name, url_name
 
-import cv2
-import numpy as np
+__all__ = ["FramePlan", "FrameReadError", "FrameReader", "FrameRef", "ShareReader", "SourceItem", "plan_frames"]
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg"})
+LIST_EXTENSIONS = frozenset({".txt"})
 SYNTHETIC_SOURCE = "synthetic"
-SYNTHETIC_SHAPES = ((480, 640), (720, 1280), (1080, 810), (375, 500), (1080, 1920), (640, 640))
-SYNTHETIC_SHAPE_COUNT = 8
-SYNTHETIC_NOISE_SCALE = 4  # background and grain are drawn at 1/4 size, then upscaled
 GLOB_CHARS = frozenset("*?[")
 
 
@@ -37,74 +58,86 @@ def split_video_frame(name: str) -> tuple[str, int] | None:
     return video, int(index)
 
 
-class FrameReadError(ValueError):
-    """A planned frame could not be read: an undecodable image or a video that ended early."""
+def _broken(location: str, name: str, reason: str) -> SourceItem:
+    return SourceItem("broken", location, name, 1, reason=reason)
 
 
-@dataclass(frozen=True)
-class FrameRef:
-    """One frame of a run, enough for any worker to read it and for reports to name it."""
-
-    frame_id: int
-    kind: str  # "image" | "video" | "synthetic"
-    path: str  # absolute path; '' for synthetic frames
-    name: str  # relative path, "video.mp4:000017" or "synthetic/00017.jpg"
-    index: int  # position in the source: image list position, video frame, synthetic index
-    cycle: int  # how many full passes over the source came before this frame
+def _relative_name(path: str, root: str) -> str:
+    """``path`` relative to ``root``; a path outside ``root`` keeps its absolute form without
+    the leading separator, so names never climb out of an output folder."""
+    name = os.path.relpath(path, root)
+    if name == os.pardir or name.startswith(os.pardir + os.sep):
+        return os.path.abspath(path).lstrip(os.sep)
+    return name
 
 
-@dataclass(frozen=True)
-class FramePlan:
-    """The frames of one run: ``total`` ids that loop over ``source_len`` source frames."""
-
-    source: str
-    kind: str  # "image" | "video" | "synthetic"
-    items: tuple[str, ...]  # sorted absolute image paths, (video_path,), or () for synthetic
-    total: int
-    source_len: int
-    root: str  # names of file frames are relative to this directory; '' for synthetic
-
-    def ref(self, frame_id: int) -> FrameRef:
-        """The frame with id ``frame_id``, ``0 <= frame_id < total``."""
-        if not 0 <= frame_id < self.total:
-            raise IndexError(
-                f"expected a frame id in [0, {self.total}) for source {self.source!r}, "
-                f"got {frame_id}"
-            )
-        cycle, index = divmod(frame_id, self.source_len)
-        if self.kind == "synthetic":
-            return FrameRef(frame_id, self.kind, "", f"synthetic/{index:05d}.jpg", index, cycle)
-        if self.kind == "video":
-            path = self.items[0]
-            name = f"{os.path.relpath(path, self.root)}:{index:06d}"
-            return FrameRef(frame_id, self.kind, path, name, index, cycle)
-        path = self.items[index]
-        return FrameRef(frame_id, self.kind, path, os.path.relpath(path, self.root), index, cycle)
-
-    def worker_ids(self, worker: int, workers: int) -> range:
-        """The frame ids read by ``worker`` out of ``workers``; every id goes to exactly one.
-
-        Images and synthetic frames are interleaved (``worker, worker + workers, ...``) so
-        all workers start at once; video ids come in contiguous chunks, sizes differing by at
-        most one, so each worker seeks once and then decodes sequentially.
-        """
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"expected workers to be an int >= 1, got {workers!r}")
-        if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < workers:
-            raise ValueError(f"expected worker to be an int in [0, {workers}), got {worker!r}")
-        if self.kind != "video":
-            return range(worker, self.total, workers)
-        base, extra = divmod(self.total, workers)
-        start = worker * base + min(worker, extra)
-        return range(start, start + base + (1 if worker < extra else 0))
+def _video_item(location: str, name: str, vid_stride: int, options: StreamOptions) -> SourceItem:
+    info = probe_video(location, vid_stride, options)
+    if info is None:
+        what = f"cannot open URL (open timeout {options.open_timeout_ms} ms)" if is_url(location) else "cannot open video"
+        return _broken(location, name, what)
+    if info.frames is None:
+        if is_url(location):
+            return SourceItem("stream", location, name, None)  # an http stream of unknown length: live
+        return _broken(location, name, "video with an unknown frame count")
+    return SourceItem("video", location, name, info.frames, video=info)
 
 
-def _extension(path: str) -> str:
-    return os.path.splitext(path)[1].lower()
+def _url_item(url: str, vid_stride: int, options: StreamOptions) -> SourceItem:
+    if url.partition("://")[0].lower() in FILE_URL_SCHEMES:
+        return _video_item(url, url_name(url), vid_stride, options)
+    return SourceItem("stream", url, url_name(url), None)
 
 
-def _is_image(path: str) -> bool:
-    return _extension(path) in IMAGE_EXTENSIONS and os.path.isfile(path)
+def _file_item(path: str, root: str, vid_stride: int, options: StreamOptions) -> SourceItem:
+    """The item of one directory entry, glob match or list line naming a file."""
+    name = _relative_name(path, root)
+    if os.path.islink(path) and not os.path.exists(path):
+        return _broken(path, name, f"broken symlink -> {os.readlink(path)}")
+    if not os.path.exists(path):
+        return _broken(path, name, "no such file or directory")
+    if not os.path.isfile(path):
+        return _broken(path, name, "not a regular file")
+    if not os.access(path, os.R_OK):
+        return _broken(path, name, "unreadable file (permission denied)")
+    extension = os.path.splitext(path)[1].lower()
+    if extension in IMAGE_EXTENSIONS:
+        return SourceItem("image", path, name, 1)
+    if extension in VIDEO_EXTENSIONS:
+        return _video_item(path, name, vid_stride, options)
+    suffix = " (a list is read only as the source itself)" if extension in LIST_EXTENSIONS else ""
+    return _broken(path, name, f"unsupported file type {extension or '(no extension)'}{suffix}")
+
+
+def _walk(directory: str, root: str, vid_stride: int, options: StreamOptions) -> tuple[list[SourceItem], list[str]]:
+    """The items under ``directory`` sorted by name, and notes on what was left out."""
+    items, skipped, hidden = [], [], 0
+    seen = {os.path.realpath(directory)}
+
+    def unlistable(error: OSError) -> None:
+        items.append(_broken(error.filename, _relative_name(error.filename, root),
+                             f"cannot list directory ({error.strerror})"))
+
+    for folder, dirs, files in os.walk(directory, onerror=unlistable, followlinks=True):
+        kept = []
+        for name in sorted(dirs, key=lambda d: (os.path.islink(os.path.join(folder, d)), d)):  # real ones first
+            path = os.path.join(folder, name)
+            if name.startswith("."):
+                hidden += 1
+            elif os.path.realpath(path) in seen:
+                skipped.append(f"{_relative_name(path, root)}: a directory listed already ({os.path.realpath(path)})")
+            else:
+                seen.add(os.path.realpath(path))
+                kept.append(name)
+        dirs[:] = sorted(kept)
+        for name in files:
+            if name.startswith("."):
+                hidden += 1
+            else:
+                items.append(_file_item(os.path.join(folder, name), root, vid_stride, options))
+    if hidden:
+        skipped.append(f"{hidden} hidden entries (names starting with '.') under {_relative_name(directory, root)}")
+    return sorted(items, key=lambda item: item.name), skipped
 
 
 def _glob_root(pattern: str) -> str:
@@ -118,184 +151,120 @@ def _glob_root(pattern: str) -> str:
     return os.sep.join(fixed) or os.sep
 
 
-def _sorted_images(paths: list[str], root: str) -> tuple[str, ...]:
-    absolute = {os.path.abspath(p) for p in paths if _is_image(p)}
-    return tuple(sorted(absolute, key=lambda p: os.path.relpath(p, root)))
+def _glob_items(pattern: str, root: str, vid_stride: int, options: StreamOptions) -> list[SourceItem]:
+    matches = {os.path.abspath(p) for p in glob.glob(pattern, recursive=True)}
+    files = [p for p in matches if not os.path.isdir(p)]
+    return sorted((_file_item(p, root, vid_stride, options) for p in files), key=lambda item: item.name)
 
 
-def _video_frame_count(path: str) -> int:
-    capture = cv2.VideoCapture(path)
+def _list_items(path: str, vid_stride: int, options: StreamOptions) -> tuple[list[SourceItem], list[str]]:
+    """The items of a ``.txt`` list, in its order."""
+    root = os.path.dirname(path)
     try:
-        if not capture.isOpened():
-            raise ValueError(f"expected a video that OpenCV can open, got {path!r}")
-        count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
-    finally:
-        capture.release()
-    if count <= 0:
-        raise ValueError(f"expected a video with a known frame count > 0, got {count} for {path!r}")
-    return count
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"expected a readable UTF-8 list file, got {path!r} ({error})") from None
+    items, skipped = [], []
+    for entry in (line for line in lines if line and not line.startswith("#")):
+        if is_camera(entry):
+            items.append(SourceItem("stream", entry, stream_name(entry), None))
+            continue
+        if is_url(entry):
+            items.append(_url_item(entry, vid_stride, options))
+            continue
+        target = os.path.join(root, os.path.expanduser(entry))
+        if GLOB_CHARS & set(entry) and not os.path.exists(target):
+            matched = _glob_items(target, root, vid_stride, options)
+            items.extend(matched or [_broken(target, _relative_name(target, root), "glob matched no file")])
+        elif os.path.isdir(target):
+            found, notes = _walk(target, root, vid_stride, options)
+            items.extend(found or [_broken(target, _relative_name(target, root), "directory holds no entry")])
+            skipped.extend(notes)
+        else:
+            items.append(_file_item(os.path.abspath(target), root, vid_stride, options))
+    if not items:
+        raise ValueError(f"expected list file {path!r} to name at least one source, got none")
+    return items, skipped
 
 
-def _plan_source(source: str, synthetic_count: int) -> tuple[str, tuple[str, ...], int, str]:
-    """``(kind, items, source_len, root)`` for one pass over ``source``."""
+def _single_file_items(path: str, vid_stride: int, options: StreamOptions) -> list[SourceItem]:
+    extension = os.path.splitext(path)[1].lower()
+    item = _file_item(path, os.path.dirname(path), vid_stride, options)
+    if item.kind == "broken" and (extension in IMAGE_EXTENSIONS or extension in VIDEO_EXTENSIONS):
+        raise ValueError(f"expected an image or a video OpenCV can open, got {path!r}: {item.reason}")
+    if item.kind == "broken":
+        raise ValueError(
+            f"expected an image ({', '.join(sorted(IMAGE_EXTENSIONS))}), video "
+            f"({', '.join(sorted(VIDEO_EXTENSIONS))}) or list ({', '.join(sorted(LIST_EXTENSIONS))}) file, "
+            f"got extension {extension!r} in {path!r}")
+    return [item]
+
+
+def _discover(source: str, synthetic_count: int, vid_stride: int, options: StreamOptions
+              ) -> tuple[list[SourceItem], str, list[str]]:
+    """``(items, root, skipped)`` of ``source``; names are relative to ``root``."""
     if source == SYNTHETIC_SOURCE:
         if isinstance(synthetic_count, bool) or not isinstance(synthetic_count, int) or synthetic_count <= 0:
             raise ValueError(f"expected synthetic_count to be an int > 0, got {synthetic_count!r}")
-        return "synthetic", (), synthetic_count, ""
+        return [SourceItem("synthetic", "", f"synthetic/{i:05d}.jpg", 1) for i in range(synthetic_count)], "", []
+    if is_camera(source):
+        return [SourceItem("stream", source, stream_name(source), None)], "", []
+    if is_url(source):
+        item = _url_item(source, vid_stride, options)
+        if item.kind == "broken":
+            raise ValueError(f"expected a URL OpenCV can open, got {item.name}: {item.reason}")
+        return [item], "", []
     if GLOB_CHARS & set(source) and not os.path.exists(source):
         root = _glob_root(source)
-        items = _sorted_images(glob.glob(source, recursive=True), root)
+        items = _glob_items(source, root, vid_stride, options)
         if not items:
-            raise ValueError(
-                f"expected glob {source!r} to match image files "
-                f"({', '.join(sorted(IMAGE_EXTENSIONS))}), got none"
-            )
-        return "image", items, len(items), root
-    if not os.path.exists(source):
-        raise ValueError(
-            f"expected {SYNTHETIC_SOURCE!r}, a directory, an image, a video or a glob, "
-            f"got nonexistent path {source!r}"
-        )
-    if os.path.isdir(source):
-        root = os.path.abspath(source)
-        found = [os.path.join(d, f) for d, _, files in os.walk(root) for f in files]
-        items = _sorted_images(found, root)
-        if not items:
-            raise ValueError(
-                f"expected directory {source!r} to contain image files "
-                f"({', '.join(sorted(IMAGE_EXTENSIONS))}), got none"
-            )
-        return "image", items, len(items), root
+            raise ValueError(f"expected glob {source!r} to match files, got none")
+        return items, root, []
     path = os.path.abspath(source)
-    extension = _extension(path)
-    if extension in IMAGE_EXTENSIONS:
-        return "image", (path,), 1, os.path.dirname(path)
-    if extension in VIDEO_EXTENSIONS:
-        return "video", (path,), _video_frame_count(path), os.path.dirname(path)
-    raise ValueError(
-        f"expected an image ({', '.join(sorted(IMAGE_EXTENSIONS))}) or video "
-        f"({', '.join(sorted(VIDEO_EXTENSIONS))}) file, got extension {extension!r} in {source!r}"
-    )
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ValueError(f"expected an existing source, got broken symlink {source!r} -> {os.readlink(path)}")
+    if not os.path.exists(path):
+        raise ValueError(f"expected {SYNTHETIC_SOURCE!r}, a directory, an image, a video, a list, a glob, a URL "
+                         f"or a camera index, got nonexistent path {source!r}")
+    if os.path.isdir(path):
+        items, skipped = _walk(path, path, vid_stride, options)
+        if not items:
+            raise ValueError(f"expected directory {source!r} to contain files, got none"
+                             + (f" ({'; '.join(skipped)})" if skipped else ""))
+        return items, path, skipped
+    if os.path.splitext(path)[1].lower() in LIST_EXTENSIONS:
+        items, skipped = _list_items(path, vid_stride, options)
+        return items, os.path.dirname(path), skipped
+    return _single_file_items(path, vid_stride, options), os.path.dirname(path), []
 
 
-def plan_frames(source: str, frames: int | None = None, synthetic_count: int = 64) -> FramePlan:
-    """Plan a run over ``source``: one pass if ``frames`` is None, else exactly ``frames``
-    frames, looping over the source as often as needed."""
-    if frames is not None and (isinstance(frames, bool) or not isinstance(frames, int) or frames <= 0):
-        raise ValueError(f"expected frames to be None or an int > 0, got {frames!r}")
-    kind, items, source_len, root = _plan_source(source, synthetic_count)
-    total = source_len if frames is None else frames
-    return FramePlan(source, kind, items, total, source_len, root)
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"expected {name} to be an int >= {minimum}, got {value!r}")
 
 
-def synthetic_image(index: int, seed: int = 0) -> np.ndarray:
-    """A deterministic synthetic scene, BGR uint8 ``[H, W, 3]``; the shape cycles with ``index``
-    over :data:`SYNTHETIC_SHAPES`.
+def plan_frames(source: str, frames: int | None = None, synthetic_count: int = 64, vid_stride: int = 1,
+                streams: StreamOptions | None = None) -> FramePlan:
+    """Plan a run over ``source`` (see the module docstring).
 
-    A smooth colour gradient with soft grain, then a handful of filled rectangles, ellipses
-    and lines in random colours: flat regions and edges, roughly like a photo for JPEG and
-    for the detector's preprocessing, at a cost of a few milliseconds.
+    Args:
+        source (str): ``"synthetic"``, a path, a glob, a ``.txt`` list, a URL or a camera index.
+        frames (int | None): exactly this many frames, looping over a finite source as often as
+            needed; None: one pass, or open-ended with a live stream.
+        synthetic_count (int): how many scenes ``"synthetic"`` holds.
+        vid_stride (int): read every ``vid_stride``-th frame of videos and live streams.
+        streams (StreamOptions | None): the open timeout for probing http(s) URLs.
+
+    Returns:
+        FramePlan: plain data, to pass to every reader.
+
+    Raises:
+        ValueError: a source that names nothing usable, or a bad argument.
     """
-    if index < 0:
-        raise ValueError(f"expected a synthetic index >= 0, got {index}")
-    rng = np.random.default_rng((seed, index))
-    height, width = SYNTHETIC_SHAPES[index % len(SYNTHETIC_SHAPES)]
-    small = (width // SYNTHETIC_NOISE_SCALE + 1, height // SYNTHETIC_NOISE_SCALE + 1)  # (w, h)
-    corners = rng.integers(0, 256, size=(3, 3, 3), dtype=np.uint8)
-    background = cv2.resize(corners, small, interpolation=cv2.INTER_LINEAR)
-    noise = rng.integers(0, 24, size=(small[1], small[0], 3), dtype=np.uint8)
-    cv2.add(background, noise, dst=background)
-    image = cv2.resize(background, (width, height), interpolation=cv2.INTER_LINEAR)
-    size = min(height, width)
-    for _ in range(SYNTHETIC_SHAPE_COUNT):
-        shape = int(rng.integers(0, 3))
-        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
-        x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
-        extent = int(rng.integers(size // 20, size // 3))
-        if shape == 0:
-            corner = (x + int(rng.integers(-extent, extent)), y + int(rng.integers(-extent, extent)))
-            cv2.rectangle(image, (x, y), corner, colour, thickness=-1)
-        elif shape == 1:
-            axes = (extent, int(rng.integers(size // 40 + 1, extent + 1)))
-            cv2.ellipse(image, (x, y), axes, float(rng.integers(0, 180)), 0, 360, colour, thickness=-1)
-        else:
-            end = (int(rng.integers(0, width)), int(rng.integers(0, height)))
-            cv2.line(image, (x, y), end, colour, thickness=int(rng.integers(1, 8)))
-    return image
-
-
-class FrameReader:
-    """Reads :class:`FrameRef` frames inside one worker process; use as a context manager.
-
-    A video stays open between reads and is only re-positioned when the requested frame is
-    not the next one, so a contiguous chunk of ids decodes sequentially.
-    """
-
-    def __init__(self, seed: int = 0) -> None:
-        self._seed = seed
-        self._video_path = ""
-        self._video: cv2.VideoCapture | None = None
-        self._video_len = 0
-        self._next_index = 0
-
-    def __enter__(self) -> FrameReader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def read(self, ref: FrameRef) -> np.ndarray:
-        """The pixels of ``ref``, BGR uint8 ``[H, W, 3]``; raises :class:`FrameReadError`."""
-        if ref.kind == "synthetic":
-            return synthetic_image(ref.index, self._seed)
-        if ref.kind == "image":
-            return self._read_image(ref.path)
-        if ref.kind == "video":
-            return self._read_video(ref.path, ref.index)
-        raise ValueError(f"expected kind 'image', 'video' or 'synthetic', got {ref.kind!r}")
-
-    def close(self) -> None:
-        """Release the open video, if any; the reader may still be used afterwards."""
-        if self._video is not None:
-            self._video.release()
-        self._video = None
-        self._video_path = ""
-
-    def _read_image(self, path: str) -> np.ndarray:
-        try:
-            data = np.fromfile(path, np.uint8)
-        except OSError as error:
-            raise FrameReadError(f"cannot read image: {path} ({error.strerror})") from error
-        image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
-        if image is None:
-            raise FrameReadError(f"cannot decode image: {path}")
-        return image
-
-    def _open_video(self, path: str) -> cv2.VideoCapture:
-        if self._video is not None and self._video_path == path:
-            return self._video
-        self.close()
-        video = cv2.VideoCapture(path)
-        if not video.isOpened():
-            video.release()
-            raise FrameReadError(f"cannot open video: {path}")
-        self._video, self._video_path = video, path
-        self._video_len = int(video.get(cv2.CAP_PROP_FRAME_COUNT))
-        self._next_index = 0
-        return video
-
-    def _read_video(self, path: str, index: int) -> np.ndarray:
-        video = self._open_video(path)
-        if index != self._next_index:
-            video.set(cv2.CAP_PROP_POS_FRAMES, index)
-        ok, image = video.read()
-        if not ok or image is None:
-            self._next_index = -1
-            raise FrameReadError(f"video ended at frame {index} of {self._video_len}: {path}")
-        self._next_index = index + 1
-        return image
+    if frames is not None:
+        _check_int("frames", frames, 1)
+    _check_int("vid_stride", vid_stride, 1)
+    items, root, skipped = _discover(source, synthetic_count, vid_stride, streams or StreamOptions())
+    lengths, total = plan_lengths(items, frames)
+    return FramePlan(source, tuple(items), tuple(lengths), total, vid_stride, root, tuple(skipped))

@@ -1,0 +1,244 @@
+"""Reading the frames of a plan inside one process.
+
+- :class:`ShareReader` reads one worker's share of a :class:`yolo.plans.FramePlan`, one
+  frame per :meth:`ShareReader.next` call, so a worker reads only when the pipeline has room.
+- :class:`FrameReader` reads a finite frame (image, video, synthetic, broken) by its
+  :class:`~yolo.frames.FrameRef`, in any order; :class:`ShareReader` uses one.
+
+Contract of :meth:`ShareReader.next`, with ``position`` the number of the worker's ids consumed:
+
+- returns a :class:`~yolo.frames.Frame` and consumes its id;
+- raises :class:`~yolo.frames.FrameReadError` (``.ref`` names the frame) and consumes its id:
+  report it as failed;
+- raises :class:`~yolo.frames.StreamError` and consumes no id: that video URL or live stream is
+  given up; call ``next`` again to go on with the other items. A finite plan's remaining ids of
+  that stream then come out as :class:`FrameReadError` without waiting, so every planned id is
+  still consumed exactly once, in :meth:`yolo.plans.FramePlan.worker_ids` order;
+- returns None when the share is done: every planned id consumed and, in an open-ended plan,
+  every live stream given up.
+
+``ShareReader(plan, worker, workers, start=p)`` resumes a share after ``p`` consumed ids: the
+same ids and refs follow for finite items; live streams are simply reopened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import TracebackType
+from typing import Callable
+
+import cv2
+import numpy as np
+
+from yolo.frames import Frame, FrameReadError, FrameRef, StreamError, VideoInfo
+from yolo.imageio import DecodeOptions, read_image
+from yolo.plans import FramePlan
+from yolo.streams import LiveStream, StreamOptions, StreamStats, VideoReader, open_capture
+from yolo.synthetic import synthetic_image
+
+Opener = Callable[[str, StreamOptions], cv2.VideoCapture]
+
+
+def _item_name(ref: FrameRef) -> str:
+    return ref.name.rpartition(":")[0] or ref.name
+
+
+class FrameReader:
+    """Reads finite frames by :class:`FrameRef`, in any order; use as a context manager.
+
+    One video stays open between reads; reading its frames in order decodes sequentially. A
+    video URL given up (:class:`StreamError`) stays given up: its other frames raise
+    :class:`FrameReadError` at once.
+    """
+
+    def __init__(self, seed: int = 0, decode: DecodeOptions | None = None, streams: StreamOptions | None = None,
+                 vid_stride: int = 1, opener: Opener = open_capture) -> None:
+        self._seed = seed
+        self._decode = decode or DecodeOptions()
+        self._streams = streams or StreamOptions()
+        self._vid_stride = vid_stride
+        self._opener = opener
+        self._video: VideoReader | None = None
+        self._given_up: dict[str, str] = {}  # location -> reason
+
+    def __enter__(self) -> FrameReader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    def read(self, ref: FrameRef) -> np.ndarray:
+        """The pixels of ``ref``, BGR uint8 ``[h, w, 3]`` (see :meth:`read_frame`)."""
+        return self.read_frame(ref).image
+
+    def read_frame(self, ref: FrameRef) -> Frame:
+        """The :class:`Frame` of a finite ``ref``; raises :class:`FrameReadError` (with
+        ``.ref`` set) or, for a video URL, :class:`StreamError`."""
+        try:
+            if ref.kind == "synthetic":
+                image = synthetic_image(ref.source_index, self._seed)
+                return Frame(ref, image, (image.shape[0], image.shape[1]))
+            if ref.kind == "image":
+                image, original_shape, reduction = read_image(ref.location, self._decode)
+                return Frame(ref, image, original_shape, reduction)
+            if ref.kind == "video":
+                return self._read_video(ref)
+            if ref.kind == "broken":
+                raise FrameReadError(ref.reason or f"unreadable: {ref.name}")
+        except FrameReadError as error:
+            error.ref = ref
+            raise
+        raise ValueError(f"expected a frame of kind image, video, synthetic or broken, got {ref.kind!r} "
+                         f"for {ref.name}: live stream frames are read by ShareReader")
+
+    def close(self) -> None:
+        """Release the open video, if any; the reader may still be used afterwards."""
+        if self._video is not None:
+            self._video.close()
+        self._video = None
+
+    def _read_video(self, ref: FrameRef) -> Frame:
+        if ref.location in self._given_up:
+            raise FrameReadError(f"video {_item_name(ref)} was given up: {self._given_up[ref.location]}")
+        try:
+            video = self._open_video(ref)
+            image = video.read(ref.source_index)
+        except StreamError as error:
+            self._given_up[ref.location] = error.reason
+            self.close()
+            error.item = ref.item
+            raise
+        return Frame(ref, image, (image.shape[0], image.shape[1]), 1, video.info)
+
+    def _open_video(self, ref: FrameRef) -> VideoReader:
+        if self._video is not None and self._video.location == ref.location:
+            return self._video
+        self.close()
+        self._video = VideoReader(ref.location, _item_name(ref), self._vid_stride, self._streams, ref.item,
+                                  self._opener)
+        return self._video
+
+
+class ShareReader:
+    """One worker's share of a plan, one frame per :meth:`next` (see the module docstring).
+
+    Args:
+        plan (FramePlan): the run's plan.
+        worker (int): this worker's index, ``0 <= worker < workers``.
+        workers (int): how many readers share the plan.
+        start (int): ids of this share already consumed (a restarted worker resumes there).
+        decode (DecodeOptions | None): image decoding (mode, target size, pixel limit).
+        streams (StreamOptions | None): timeouts and reconnects of URLs and live streams.
+        seed (int): the seed of synthetic scenes.
+        opener (Callable): opens a capture; tests pass fakes.
+    """
+
+    def __init__(self, plan: FramePlan, worker: int = 0, workers: int = 1, start: int = 0, *,
+                 decode: DecodeOptions | None = None, streams: StreamOptions | None = None, seed: int = 0,
+                 opener: Opener = open_capture) -> None:
+        self._plan, self._worker, self._workers = plan, worker, workers
+        self._ids = plan.worker_ids(worker, workers)
+        self._rotation = list(plan.worker_streams(worker, workers)) if plan.open_ended else []
+        limit = len(self._ids) if not plan.open_ended else None
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0 or (limit is not None and start > limit):
+            raise ValueError(f"expected start to be an int in [0, {limit if limit is not None else 'inf'}], "
+                             f"got {start!r}")
+        self._position = start
+        self._streams = streams or StreamOptions()
+        self._opener = opener
+        self._frames = FrameReader(seed, decode, self._streams, plan.vid_stride, opener)
+        self._live: dict[int, LiveStream] = {}
+        self._finished: list[StreamStats] = []
+        self._given_up: dict[int, str] = {}
+        resumed = max(0, start - len(self._ids))  # live frames read before a restart
+        count = len(self._rotation)
+        self._turn = resumed % count if count else 0
+        self._live_index = {item: resumed // count + (turn < resumed % count) for turn, item in enumerate(self._rotation)}
+
+    def __enter__(self) -> ShareReader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def position(self) -> int:
+        """How many ids of this share are consumed, counting ``start``."""
+        return self._position
+
+    @property
+    def planned(self) -> int:
+        """How many ids this share plans (an open-ended share's live frames come on top)."""
+        return len(self._ids)
+
+    def next(self) -> Frame | None:
+        """The next frame of the share; see the module docstring for what it raises."""
+        if self._position < len(self._ids):
+            ref = self._plan.ref(self._ids[self._position])
+            try:
+                frame = self._read_planned_live(ref) if ref.kind == "stream" else self._frames.read_frame(ref)
+            except FrameReadError:
+                self._position += 1
+                raise
+            self._position += 1
+            return frame
+        if self._rotation:
+            return self._read_open_live()
+        return None
+
+    def stream_stats(self) -> list[StreamStats]:
+        """What happened to the frames of every live stream opened so far."""
+        return self._finished + [stream.stats() for stream in self._live.values()]
+
+    def close(self) -> None:
+        """Stop every live stream and release the open video."""
+        for stream in self._live.values():
+            stream.stop()  # all at once: each may take up to a timeout to notice
+        for item in list(self._live):
+            self._close_stream(item)
+        self._frames.close()
+
+    def _stream(self, item: int) -> LiveStream:
+        if item not in self._live:
+            source = self._plan.items[item]
+            self._live[item] = LiveStream(source.location, source.name, self._plan.vid_stride, self._streams, item,
+                                          self._opener)
+        return self._live[item]
+
+    def _close_stream(self, item: int) -> None:
+        stream = self._live.pop(item)
+        stream.close()
+        self._finished.append(stream.stats())
+
+    def _take(self, item: int) -> tuple[int, np.ndarray, VideoInfo]:
+        try:
+            return self._stream(item).next()
+        except StreamError as error:
+            self._given_up[item] = error.reason
+            self._close_stream(item)
+            raise
+
+    def _read_planned_live(self, ref: FrameRef) -> Frame:
+        if ref.item in self._given_up:
+            raise FrameReadError(f"stream {self._plan.items[ref.item].name} was given up: {self._given_up[ref.item]}",
+                                 ref)
+        source_index, image, info = self._take(ref.item)
+        if ref.index == self._plan.lengths[ref.item] - 1:
+            self._close_stream(ref.item)  # its share is read: free the camera
+        return Frame(replace(ref, source_index=source_index), image, (image.shape[0], image.shape[1]), 1, info)
+
+    def _read_open_live(self) -> Frame:
+        item = self._rotation[self._turn % len(self._rotation)]
+        try:
+            source_index, image, info = self._take(item)
+        except StreamError:
+            self._rotation.remove(item)
+            raise
+        self._turn += 1
+        frame_id = self._plan.open_stream_id(self._worker, self._workers, self._position - len(self._ids))
+        ref = self._plan.stream_ref(frame_id, item, self._live_index[item], source_index)
+        self._live_index[item] += 1
+        self._position += 1
+        return Frame(ref, image, (image.shape[0], image.shape[1]), 1, info)
