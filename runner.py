@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
     add = p.add_argument
     add("--weights", help="YOLOv5 checkpoint .pt (default: random-weight --preset; detections meaningless)")
     add("--preset", help="yolov5n/s/m/l/x built with random weights when --weights is empty, or 'none' (no model)")
-    add("--source", help="image, directory (recursive), glob, video file, or 'synthetic'")
+    add("--source", help="image, directory (recursive), glob, video, .txt list, URL, camera index, or 'synthetic'")
     add("--imgsz", type=int, help="letterbox size")
     add("--rect", dest="rect", action="store_const", const=True, help="long side to imgsz, short side to a multiple of 32")
     add("--square", dest="rect", action="store_const", const=False, help="fixed imgsz x imgsz letterbox")
@@ -58,15 +58,24 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
     add("--max-wait-ms", type=float, help="longest wait for a full batch")
     add("--prefetch", type=int, help="batches of credit each consumer grants upstream")
     add("--frames", type=int, help="stop after N frames, looping the source if needed (0: one pass)")
+    add("--duration", type=float, help="run for S seconds from the first frame, then finish (0: off)")
+    add("--vid-stride", type=int, help="read every N-th frame of videos and streams")
+    add("--decode", help="full, or reduced (JPEG decoded at 1/2, 1/4, 1/8 when that much larger)")
+    add("--max-pixels", type=int, help="images with more pixels are failed frames (default 100 million)")
     add("--warmup", type=int, help="first N frames excluded from statistics")
     add("--synthetic-count", type=int, help="frames in one pass of the synthetic source")
-    add("--results", help="folder of run folders (default results)")
+    add("--results", "--project", dest="results", help="folder of run folders (default results)")
+    add("--name", help="run folder name (default: a timestamp)")
+    add("--exist-ok", action="store_const", const=True, help="reuse an existing run folder of that name")
     add("--save-images", help="all, none, or N (every N-th frame)")
+    add("--save-txt", action="store_const", const=True, help="YOLO label files in labels/")
+    add("--save-conf", action="store_const", const=True, help="the score in each label line")
     add("--module-timing", help="none, layers, blocks or leaves")
     add("--timing-mode", help="auto, cpu, cuda-sync or cuda-events")
     add("--transport", help="ipc (default) or tcp")
     add("--max-restarts", type=int, help="restarts per stage of workers that die or hang (default 3)")
     add("--allow-failures", action="store_const", const=True, help="exit 0, not 3, when some frames failed")
+    add("--json", action="store_const", const=True, help="print one JSON summary on stdout, logs on stderr")
     add("--log-level", help="debug, info, warning or error")
     add("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
     ns = vars(p.parse_args(argv))
@@ -75,22 +84,20 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
 
 def prepare(config_path: str, overrides: dict):
     """The checked configuration, machine, class names and frame plan; ConfigError names what is bad."""
-    from supervisor.prepare import check_results_dir, resolve
-    from yolo.sources import plan_frames
+    from supervisor.prepare import check_results_dir, check_run_name, plan_source, resolve
     cfg = build_config(read_toml(config_path), overrides)
     cfg, machine, names = resolve(cfg)
     check_results_dir(cfg.results)
-    try:
-        plan = plan_frames(cfg.source, cfg.frames or None, cfg.synthetic_count)
-    except ValueError as exc:
-        raise ConfigError(f"config source: {exc}") from None
-    return cfg, machine, names, plan
+    check_run_name(cfg.results, cfg.name, cfg.exist_ok)
+    return cfg, machine, names, plan_source(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
     started_s = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config_path, overrides = parse_args(argv)
+    if "--json" in (argv if argv is not None else sys.argv[1:]):
+        logging.getLogger().handlers[0].setStream(sys.stderr)  # stdout holds only the JSON summary
     try:
         cfg, machine, names, plan = prepare(config_path, overrides)
     except (ConfigError, ValueError) as exc:
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         log.error("error: %s", exc)
         return EXIT_USAGE
-    print_outcome(outcome)
+    print_outcome(outcome, cfg.json)
     return outcome.exit_code
 
 
@@ -123,8 +130,12 @@ def warn_oversubscription(cfg, cores: int, on_cuda: bool) -> None:
                         "when a stage waits on disk or network", flag, count, cores)
 
 
-def print_outcome(outcome: Outcome) -> None:
-    if outcome.summary:
+def print_outcome(outcome: Outcome, as_json: bool) -> None:
+    if as_json:
+        from analysis.report import json_summary
+        print(json.dumps(json_summary(outcome.summary or {}, exit_code=outcome.exit_code, reason=outcome.reason,
+                                      run_dir=outcome.run_dir, report_written=outcome.report_written)))
+    elif outcome.summary:
         from analysis.terminal import format_summary
         print(format_summary(outcome.summary))
     if outcome.reason and outcome.exit_code:

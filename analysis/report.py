@@ -56,6 +56,7 @@ def write_run_folder(run_dir: str, run: RunData) -> dict:
         ("report.json", lambda: json_text(report, indent=1).encode()),
         ("report.md", lambda: markdown(report).encode()),
         ("detections.json", lambda: json_text(run.detections, indent=1).encode()),
+        ("predictions.json", lambda: json_text(run.predictions).encode()),
         ("modules.csv", lambda: modules_csv(run.module_rows).encode()),
         *((name, lambda data=data: data) for name, data in plots.items()),
         ("trace.json", lambda: json_text(trace_events(run)).encode())]
@@ -132,6 +133,9 @@ def build_report(run: RunData) -> dict:
         "resources": usage, "restarts": [{**r, "at_s": r["t_s"] - run.started_s} for r in run.restarts],
         "dropped_messages": {process_label(w): w["dropped_messages"] for w in run.workers
                              if any((w.get("dropped_messages") or {}).values())},
+        "sources": {"streams": run.sources.get("streams", []), "stream_errors": run.sources.get("stream_errors", []),
+                    "dropped_at_source": run.sources.get("dropped_at_source", 0),
+                    "videos": run.sources.get("videos", [])},
         "links": link_report(run.links), "forward": run.forward, "modules": run.module_rows,
     }
     report["bottleneck"]["efficiency"] = ratio(throughput["fps"], report["bottleneck"]["bound_fps"])
@@ -227,6 +231,8 @@ def summary_of(report: dict) -> dict:
             "peak_pss_total_bytes": report["resources"]["peak_pss_total_bytes"],
             "restarts": len(report["restarts"]), "stop_reason": report["stop"]["reason"],
             "stop_signal": report["stop"]["signal"], "images_saved": report["outputs"]["images_saved"],
+            "stream_errors": report["sources"]["stream_errors"],
+            "dropped_at_source": report["sources"]["dropped_at_source"],
             "image_error": report["outputs"]["image_error"],
             "stages": {role: {"workers": s["workers"], "ms_per_frame": s["ms_per_frame"]["mean"],
                               "cpu_ms_per_frame": s["cpu_ms_mean"],

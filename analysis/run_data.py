@@ -22,6 +22,9 @@ class RunData:
     restarts: {name, incarnation, signal, exit_code, t_s, frames_resent}.
     machine: {"cores", "device_type": "cpu" | "cuda", "bf16"}; empty: read from environment/config.
     stop: {"reason", "signal"}; outputs: {"images_saved", "image_error"}.
+    predictions: ``predictions.json`` (pycocotools' loadRes reads it).
+    sources: {"streams": [yolo.streams.StreamStats as dicts], "stream_errors": [str],
+        "dropped_at_source": int, "videos": [{"video", "frames", "missing", "fps"}]}.
     """
 
     run_id: str
@@ -47,3 +50,5 @@ class RunData:
     stop: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
     duplicates: int = 0  # results for a frame already accounted (sent again after a worker died), dropped
+    predictions: list[dict] = field(default_factory=list)  # COCO results format, first pass of each image
+    sources: dict = field(default_factory=dict)  # streams (dropped at source, reconnects), stream errors, videos

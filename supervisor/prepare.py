@@ -19,6 +19,7 @@ from yolo.presets import MODEL_FREE, PRESETS
 LETTERBOX_CHANNELS = 3
 DEFAULT_ORIGINAL_HW = (1080, 1920)  # slot size for originals when the source's largest is unknown
 PROBED_FILES = 64  # image headers read to size the slots
+HEADER_BYTES = 1 << 16  # enough of a file for its width and height
 MAX_SLOT_ORIGINAL_PIXELS = 3840 * 2160  # a larger original travels in its message instead
 
 
@@ -95,7 +96,37 @@ def check_results_dir(results: str) -> None:
         raise ConfigError(f"config results: cannot write run folders in {results!r} ({reason})") from None
 
 
-def make_run_dir(results: str) -> str:
+def check_run_name(results: str, name: str, exist_ok: bool) -> None:
+    """A named run folder that exists is an error unless ``exist_ok``, found before anything starts."""
+    if name and os.path.exists(os.path.join(results, name)) and not exist_ok:
+        raise ConfigError(f"config name: run folder {os.path.join(results, name)!r} exists; choose another "
+                          "--name or pass --exist-ok to reuse it")
+
+
+DURATION_FPS_CEILING = 1000  # a --duration run over files plans this many frames per second, looping the source
+
+
+def plan_source(cfg: RunConfig):
+    """The frame plan; with --duration over a finite source, enough looped frames to outlast it."""
+    from yolo.imageio import set_opencv_pixel_limit
+    from yolo.sources import plan_frames
+    set_opencv_pixel_limit(cfg.max_pixels)  # before any stage loads OpenCV: it reads the limit at import
+    frames = cfg.frames or None
+    try:
+        plan = plan_frames(cfg.source, frames, cfg.synthetic_count, vid_stride=cfg.vid_stride)
+        if cfg.duration and not cfg.frames and not plan.open_ended:
+            plan = plan_frames(cfg.source, math.ceil(cfg.duration * DURATION_FPS_CEILING), cfg.synthetic_count,
+                               vid_stride=cfg.vid_stride)
+    except ValueError as exc:
+        raise ConfigError(f"config source: {exc}") from None
+    return plan
+
+
+def make_run_dir(results: str, name: str = "", exist_ok: bool = False) -> str:
+    if name:
+        path = os.path.join(results, name)
+        os.makedirs(os.path.join(path, "images"), exist_ok=exist_ok)
+        return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_id, n = stamp, 1
     while True:
@@ -141,25 +172,23 @@ def _aligned(nbytes: int) -> int:
 
 
 def _largest_frame_hw(plan) -> tuple[int, int]:
-    if plan.kind == "synthetic":
-        from yolo.sources import SYNTHETIC_SHAPES
-        return max(SYNTHETIC_SHAPES, key=lambda hw: hw[0] * hw[1])
-    if plan.kind == "video":
-        import cv2
-        capture = cv2.VideoCapture(plan.items[0])
-        try:
-            return int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)), int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
-        finally:
-            capture.release()
-    sizes = [_image_hw(path) for path in plan.items[:PROBED_FILES]]
-    sizes = [s for s in sizes if s is not None]
-    return max(sizes + [DEFAULT_ORIGINAL_HW], key=lambda hw: hw[0] * hw[1])
+    """The largest frame the plan's items hold, from what planning probed (videos), the
+    synthetic scenes, and the headers of up to PROBED_FILES images."""
+    from yolo.synthetic import SYNTHETIC_SHAPES
+    sizes = [DEFAULT_ORIGINAL_HW]
+    images = [item.location for item in plan.items if item.kind == "image"][:PROBED_FILES]
+    sizes += [hw for hw in map(_image_hw, images) if hw is not None]
+    sizes += [(item.video.height, item.video.width) for item in plan.items if item.video is not None]
+    if any(item.kind == "synthetic" for item in plan.items):
+        sizes += list(SYNTHETIC_SHAPES)
+    return max(sizes, key=lambda hw: hw[0] * hw[1])
 
 
 def _image_hw(path: str) -> tuple[int, int] | None:
-    from PIL import Image
+    from yolo.imageio import image_size
     try:
-        with Image.open(path) as image:  # reads the header only
-            return image.height, image.width
-    except Exception:  # noqa: BLE001 - any unreadable file is sized by the default; pre reports it
-        return None
+        with open(path, "rb") as f:
+            size = image_size(f.read(HEADER_BYTES))
+    except OSError:
+        return None  # unreadable files are failed frames later; they do not size the slots
+    return (size[1], size[0]) if size else None

@@ -81,6 +81,8 @@ class Watch:
         self.seen_interrupts = 0
         self.last_notice_s = 0.0
         self.last_done, self.last_change_s = -1, time.perf_counter()
+        self.first_frame_s: float | None = None
+        self.duration_ended = False  # a --duration run: frames never read are not counted
 
     # -- notices to every process ------------------------------------------------------------------
     def broadcast(self, header: dict) -> None:
@@ -97,7 +99,9 @@ class Watch:
     def repeat_notice(self) -> None:
         now = time.perf_counter()
         if self.phase in ("draining", "stopping") and now - self.last_notice_s > NOTICE_RESEND_S:
-            self.broadcast({"type": DRAIN if self.phase == "draining" else STOP, "reason": self.reason})
+            notice = {"type": DRAIN, "reason": self.reason, "cancel": not self.duration_ended} \
+                if self.phase == "draining" else {"type": STOP, "reason": self.reason}
+            self.broadcast(notice)
             self.last_notice_s = now
 
     # -- deaths, hangs, signals ----------------------------------------------------------------------
@@ -125,7 +129,8 @@ class Watch:
         incarnation = self.launcher.incarnation(name)
         can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
         self.broadcast({"type": PEER_GONE, "name": name, "incarnation": incarnation, "final": not can_restart,
-                        "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter()})
+                        "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(),
+                        "position": self.health.position(name)})
         self.restart_log.append({"name": name, "incarnation": incarnation, "reason": reason, "signal": signal_name,
                                  "exit_code": code, "restarted": can_restart})
         if can_restart:
@@ -170,7 +175,11 @@ class Watch:
 
     def check_deadlines(self) -> None:
         now = time.perf_counter()
-        if self.phase == "draining" and now - self.phase_since > DRAIN_TIMEOUT_S:
+        if (self.phase == "running" and self.cfg.duration and self.first_frame_s is not None
+                and now - self.first_frame_s >= self.cfg.duration):
+            self.duration_ended = True
+            self.enter("draining", f"--duration {self.cfg.duration:g} s reached")
+        elif self.phase == "draining" and now - self.phase_since > DRAIN_TIMEOUT_S:
             self.enter("stopping", self.reason or "drain timed out")
         elif self.phase == "stopping" and now - self.phase_since > STOP_GIVE_UP_S:
             log.error("no report %.0f s after the stop: ending every process", STOP_GIVE_UP_S)
@@ -183,6 +192,8 @@ class Watch:
 
     def on_progress(self, header: dict) -> None:
         done = header["processed"] + header["failed"]
+        if done and self.first_frame_s is None:
+            self.first_frame_s = time.perf_counter()
         if done != self.last_done:
             self.last_done, self.last_change_s = done, time.perf_counter()
         self.console.progress(header["processed"], header["failed"])
@@ -193,7 +204,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     """Run the pipeline once; raises UsageError before anything starts if a socket cannot be bound."""
     runner_started_s = runner_started_s or time.perf_counter()
     removed = remove_stale_segments()
-    run_dir = make_run_dir(cfg.results)
+    run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
     log_path = os.path.join(run_dir, "run.log")
     file_log = logging.FileHandler(log_path, encoding="utf-8")
     file_log.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -351,6 +362,9 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
             _remove_empty_run_dir(run_dir)
     elif watch.aborted or finished is None:
         outcome.exit_code = EXIT_ABORTED
+    elif summary and summary.get("stream_errors"):
+        outcome.exit_code = EXIT_ABORTED
+        outcome.reason = "; ".join(summary["stream_errors"])
     elif summary and (summary.get("failed", 0) + summary.get("lost", 0)) and not cfg.allow_failures:
         outcome.exit_code = EXIT_FRAMES_FAILED
         outcome.reason = (f"{summary['failed'] + summary.get('lost', 0)} of {summary.get('frames_in')} frames failed "

@@ -1,10 +1,9 @@
 """Collector: receives every result, failure and worker summary, keeps the ledger of frame ids
-(frames in = processed + failed + cancelled is checked, not assumed), samples every process's
-CPU and memory, and writes the run folder. Imports no torch."""
+(frames in = processed + failed + cancelled is checked, not assumed), writes annotated videos in
+frame order, samples every process's CPU and memory, and writes the run folder. Imports no torch."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import os
 import platform
@@ -12,116 +11,68 @@ import time
 
 import zmq
 
+from workers.ledger import Expected, Ledger, account_missing
 from workers.lifecycle import Clock, Control, Heartbeat, StageArgs, enter_process, poll, set_thread_counts, setup_logging
+from workers.links import SlotReturns
 from workers.messages import FAILED, FINISHED, PROGRESS, RESULT, STATS, validate
 from workers.resources import ResourceSampler
+from workers.slots import SlotError, SlotViews
 from workers.transport import REPORT_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
+from workers.videos import AnnotatedVideos
 
 POLL_TIMEOUT_MS = 100
 PROGRESS_INTERVAL_S = 0.25
 RESOURCE_INTERVAL_S = 0.5
 DRAIN_AFTER_STOP_S = 3.0  # after a stop, wait this long for the workers' last summaries
 COLLECTOR_TYPES = frozenset({RESULT, FAILED, STATS})
-FRAME_TIMES = ("read_start", "read_end", "pre_end", "infer_recv", "infer_start", "infer_end", "post_start", "post_end")
 
 
-class Ledger:
-    """Every planned frame id ends up processed, failed with a reason, or cancelled (never
-    started because the run was stopped). A frame reported twice (sent again after a worker
-    died) counts once; an id outside the plan is dropped."""
+class Collected:
+    """What the collector keeps while the run goes: the ledger, the summaries, the outputs."""
 
-    def __init__(self, total: int):
-        self.total = total
-        self.processed: dict[int, tuple] = {}  # id -> compact record (see _compact)
-        self.failed: dict[int, dict] = {}
-        self.cancelled: dict[int, dict] = {}
-        self.duplicates = 0
-        self.out_of_plan = 0
+    def __init__(self, args: StageArgs, expected_workers: list[str], ctx: zmq.Context, log):
+        self.args, self.log = args, log
+        self.ledger = Ledger(args.plan)
+        self.expected = Expected(list(expected_workers))
+        self.detections: list[dict] = []
+        self.predictions: list[dict] = []
+        self.image_error: str | None = None
+        self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every)
+        self.views = SlotViews(args.run_tag)
+        self.returns = SlotReturns(ctx, args)
+        self.bytes_in = self.messages_in = 0
 
-    def add_result(self, result: dict) -> bool:
-        if not self._is_new(result["id"]):
-            return False
-        self.processed[result["id"]] = _compact(result)
-        return True
+    def take(self, header: dict, arrays: list) -> None:
+        kind = header["type"]
+        if kind == RESULT:
+            self._result(header, arrays)
+        elif kind == FAILED:
+            if self.ledger.add_failure(header) and isinstance(header.get("video"), dict):
+                self.videos.skip(header["name"], header.get("cycle") or 0, header["video"])
+        elif kind == STATS:
+            self.expected.add_stats(header)
 
-    def add_failure(self, failure: dict) -> bool:
-        if not self._is_new(failure["id"]):
-            return False
-        self.failed[failure["id"]] = {k: failure[k] for k in ("id", "name", "stage", "worker", "reason")} | {
-            "kind": "failed"}
-        return True
-
-    def _is_new(self, frame_id: int) -> bool:
-        if not 0 <= frame_id < self.total:
-            self.out_of_plan += 1
-            return False
-        if frame_id in self.processed or frame_id in self.failed:
-            self.duplicates += 1
-            return False
-        return True
-
-    def done(self) -> int:
-        return len(self.processed) + len(self.failed)
-
-    def complete(self) -> bool:
-        return self.done() == self.total
-
-    def missing(self) -> list[int]:
-        return [i for i in range(self.total) if i not in self.processed and i not in self.failed
-                and i not in self.cancelled]
-
-    def lose(self, frame_id: int, name: str, stage: str, worker: str | None, reason: str) -> None:
-        self.failed[frame_id] = {"id": frame_id, "name": name, "stage": stage, "worker": worker, "reason": reason,
-                                 "kind": "lost"}
-
-    def cancel(self, frame_id: int, name: str) -> None:
-        self.cancelled[frame_id] = {"id": frame_id, "name": name}
-
-
-def _compact(result: dict) -> tuple:
-    t = result["t"]
-    workers = result.get("workers") or {}
-    return (result["name"], workers.get("pre"), workers.get("infer"), workers.get("post"),
-            tuple(float(t.get(k, 0.0)) for k in FRAME_TIMES), int(result["batch"]), len(result["detections"]),
-            bool(result["image_saved"]), bool(result["cold"]))
-
-
-def _frame_dict(frame_id: int, record: tuple) -> dict:
-    name, pre, infer, post, times, batch, detections, saved, cold = record
-    return {"id": frame_id, "name": name, "workers": {"pre": pre, "infer": infer, "post": post},
-            "t": dict(zip(FRAME_TIMES, times)), "batch": batch, "detections": detections, "image_saved": saved,
-            "cold": cold}
-
-
-class Expected:
-    """Which workers' summaries the collector still waits for: one per name, from its latest
-    incarnation; a worker gone for good (no restart) is no longer waited for."""
-
-    def __init__(self, names: list[str]):
-        self.names = list(names)
-        self.stats: dict[str, dict] = {}
-        self.latest: dict[str, int] = {n: 0 for n in names}
-        self.abandoned: set[str] = set()
-        self.restarts: list[dict] = []
-
-    def add_stats(self, stats: dict) -> None:
-        name = stats["name"]
-        if name in self.latest and stats["incarnation"] >= self.latest[name]:
-            self.stats[name] = stats
-
-    def gone(self, notice: dict) -> None:
-        name = notice["name"]
-        if name not in self.latest:
+    def _result(self, header: dict, arrays: list) -> None:
+        new = self.ledger.add_result(header)
+        if new:
+            self.detections.extend(header["detections"])
+            self.predictions.extend(header.get("predictions") or ())
+            if header.get("image_error") and self.image_error is None:
+                self.image_error = header["image_error"]
+                self.log.error("%s", self.image_error)
+        if not isinstance(header.get("video"), dict) or "px" not in header:
             return
-        self.restarts.append({k: notice.get(k) for k in ("name", "incarnation", "signal", "exit_code", "reason",
-                                                         "t_s", "final")})
-        if notice["final"]:
-            self.abandoned.add(name)
-        else:
-            self.latest[name] = max(self.latest[name], notice["incarnation"] + 1)
+        release = lambda: self.returns.release(header)  # noqa: E731 - called once the frame is written
+        if not new:
+            release()
+            return
+        orig = header["px"].get("orig")
+        self.videos.add(header["name"], header.get("cycle") or 0, header["video"], header.get("draw") or [],
+                        lambda: self.views.array(orig, arrays), release)
 
-    def waiting_for(self) -> list[str]:
-        return [n for n in self.names if n not in self.stats and n not in self.abandoned]
+    def close(self) -> None:
+        self.views.close()
+        self.returns.close()
 
 
 def environment(cfg, workers: list[dict], startup_s: float) -> dict:
@@ -144,7 +95,6 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
     enter_process(args)
     threads = set_thread_counts(args.torch_threads, args.opencv_threads, use_torch=False)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
-    plan = args.plan
     drops = DropCounter(log)
     ctx = zmq.Context()
     control = Control(ctx, args, drops)
@@ -157,20 +107,16 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
     poller = zmq.Poller()
     poller.register(results_in, zmq.POLLIN)
     poller.register(control.socket, zmq.POLLIN)
-    ledger = Ledger(plan.total)
-    expected = Expected(expected_workers)
+    collected = Collected(args, expected_workers, ctx, log)
     sampler = ResourceSampler(args.runner_pid)
-    detections: list[dict] = []
-    image_error: str | None = None
-    bytes_in = messages_in = 0
     clock = Clock()
     last_progress = last_sample = 0.0
     stop_deadline = None
     try:
-        while expected.waiting_for():
+        while collected.expected.waiting_for():
             heartbeat.tick()
             for notice in control.take_gone():
-                expected.gone(notice)
+                collected.expected.gone(notice)
             if control.should_stop() and stop_deadline is None:
                 stop_deadline = time.perf_counter() + DRAIN_AFTER_STOP_S
             if stop_deadline is not None and time.perf_counter() > stop_deadline:
@@ -178,113 +124,85 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
             events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=False)
             if results_in in events:
                 with clock.busy():
-                    while True:  # drain what is queued before the next progress report
-                        try:
-                            msg = recv_message(results_in, token=args.wire.token, limits=REPORT_LIMITS,
-                                               flags=zmq.NOBLOCK)
-                            header = validate(msg.header, COLLECTOR_TYPES)
-                        except zmq.Again:
-                            break
-                        except ProtocolError as exc:
-                            drops.note(exc, "results")
-                            continue
-                        bytes_in += msg.nbytes
-                        messages_in += 1
-                        kind = header["type"]
-                        if kind == RESULT and ledger.add_result(header):
-                            detections.extend(header["detections"])
-                            if header.get("image_error") and image_error is None:
-                                image_error = header["image_error"]
-                                log.error("%s", image_error)
-                        elif kind == FAILED:
-                            ledger.add_failure(header)
-                        elif kind == STATS:
-                            expected.add_stats(header)
+                    _drain_results(results_in, collected, args, drops)
             if control.socket in events:
                 control.handle()
             now = time.perf_counter()
             if now - last_progress > PROGRESS_INTERVAL_S:
-                _send_progress(progress_out, ledger, args)
+                _send_progress(progress_out, collected.ledger, args)
                 last_progress = now
             if now - last_sample > RESOURCE_INTERVAL_S:
                 sampler.sample()
                 last_sample = now
         finished_s = time.perf_counter()
-        log.info("every summary in (%d processed, %d failed): writing the run folder", len(ledger.processed),
-                 len(ledger.failed))
+        log.info("every summary in (%d processed, %d failed): writing the run folder",
+                 len(collected.ledger.processed), len(collected.ledger.failed))
         sampler.sample()
-        _send_progress(progress_out, ledger, args)
-        _account_missing(ledger, plan, expected, control)
+        _send_progress(progress_out, collected.ledger, args)
+        videos = collected.videos.finish()
+        stop_reason = control.stop_reason or control.drain_reason
+        account_missing(collected.ledger, collected.expected, stop_reason,
+                        cancel_unread=control.drain_reason is None or control.drain_cancels)
         collector_stats = {"name": args.name, "role": "collector", "incarnation": 0, "pid": os.getpid(),
-                           "device": "cpu", "threads": threads, "frames": len(ledger.processed),
+                           "device": "cpu", "threads": threads, "frames": len(collected.ledger.processed),
                            "busy_s": clock.busy_s, "busy_cpu_s": clock.busy_cpu_s, "wait_in_s": clock.wait_in_s,
                            "blocked_out_s": 0.0, "wall_s": clock.wall_s(), "frame_ms": clock.frame_ms.to_dict(),
-                           "frame_cpu_ms": clock.frame_cpu_ms.to_dict(), "cpu_s": time.process_time() - clock.started_cpu_s,
-                           "bytes_in": bytes_in, "messages_in": messages_in, "bytes_out": 0, "messages_out": 0,
+                           "frame_cpu_ms": clock.frame_cpu_ms.to_dict(),
+                           "cpu_s": time.process_time() - clock.started_cpu_s, "bytes_in": collected.bytes_in,
+                           "messages_in": collected.messages_in, "bytes_out": 0, "messages_out": 0,
                            "substages_ms": {}, "dropped_messages": dict(drops.counts)}
-        run_data = _run_data(args, ledger, expected, collector_stats, runner_started_s, finished_s, control,
-                             detections, sampler, machine, image_error)
-        summary, written, write_error = _write_run_folder(args.run_dir, run_data, log)
+        run_data = _run_data(args, collected, collector_stats, runner_started_s, finished_s, control, sampler,
+                             machine, videos)
+        summary, written, write_error = _write_run_folder(args.run_dir, run_data)
         log.info("run folder written in %.2f s", time.perf_counter() - finished_s)
         send_message(progress_out, {"type": FINISHED, "summary": summary, "written": written,
                                     "write_error": write_error,
-                                    "missing_workers": expected.waiting_for()}, token=args.wire.token)
+                                    "missing_workers": collected.expected.waiting_for()}, token=args.wire.token)
     finally:
         heartbeat.close()
+        collected.close()
         results_in.close()
         progress_out.close()
         control.close()
         ctx.term()
 
 
+def _drain_results(results_in, collected: Collected, args: StageArgs, drops: DropCounter) -> None:
+    """Everything queued, before the next progress report."""
+    while True:
+        try:
+            msg = recv_message(results_in, token=args.wire.token, limits=REPORT_LIMITS, flags=zmq.NOBLOCK)
+            header = validate(msg.header, COLLECTOR_TYPES)
+        except zmq.Again:
+            return
+        except ProtocolError as exc:
+            drops.note(exc, "results")
+            continue
+        collected.bytes_in += msg.nbytes
+        collected.messages_in += 1
+        try:
+            collected.take(header, msg.arrays)
+        except SlotError as exc:
+            drops.note(ProtocolError("slot", str(exc)), "results")
+
+
 def _send_progress(progress_out, ledger: Ledger, args: StageArgs) -> None:
     send_message(progress_out, {"type": PROGRESS, "processed": len(ledger.processed), "failed": len(ledger.failed),
-                                "total": ledger.total}, token=args.wire.token)
+                                "total": ledger.plan.total}, token=args.wire.token)
 
 
-def _account_missing(ledger: Ledger, plan, expected: Expected, control: Control) -> None:
-    """Name, for every frame that did not complete, who held it, or that it never started."""
-    missing = set(ledger.missing())
-    if not missing:
-        return
-    holders: dict[int, str] = {}
-    for stats in expected.stats.values():
-        for identity, ids in (stats.get("held_by") or {}).items():
-            holders.update({i: identity for i in ids})
-        holders.update({i: f"{stats['name']}.{stats['incarnation']}" for i in stats.get("held") or ()})
-    stopped = control.stop_reason or control.drain_reason
-    never_started = _never_started(plan, expected)
-    for frame_id in sorted(missing):
-        name = plan.ref(frame_id).name
-        if frame_id in never_started and stopped:
-            ledger.cancel(frame_id, name)
-        elif frame_id in holders:
-            worker = holders[frame_id].rpartition(".")[0]
-            ledger.lose(frame_id, name, worker.split("-")[0], worker,
-                        f"lost: held by {holders[frame_id]} when the run ended ({stopped or 'no reason given'})")
-        else:
-            ledger.lose(frame_id, name, "unknown", None,
-                        f"lost: in flight when the run ended ({stopped or 'every worker finished'})")
+def _sources(workers: list[dict], videos: list[dict]) -> dict:
+    streams = [s for w in workers for s in w.get("streams") or ()]
+    return {"streams": streams, "stream_errors": [e for w in workers for e in w.get("stream_errors") or ()],
+            "dropped_at_source": sum(s.get("dropped", 0) for s in streams), "videos": videos}
 
 
-def _never_started(plan, expected: Expected) -> set[int]:
-    pre_names = sorted(n for n in expected.names if n.startswith("pre-"))
-    ids: set[int] = set()
-    for name in pre_names:
-        stats = expected.stats.get(name)
-        if stats is None:
-            continue
-        share = plan.worker_ids(int(name.split("-")[1]), len(pre_names))
-        ids.update(share[stats.get("position", len(share)):])
-    return ids
-
-
-def _run_data(args, ledger, expected, collector_stats, runner_started_s, finished_s, control, detections, sampler,
-              machine, image_error):
+def _run_data(args, collected: Collected, collector_stats, runner_started_s, finished_s, control, sampler, machine,
+              videos):
     from analysis.report import RunData
     from yolo.module_stats import aggregate, forward_stats
-    cfg = args.config
-    frames = [_frame_dict(i, ledger.processed[i]) for i in sorted(ledger.processed)]
+    cfg, ledger, expected = args.config, collected.ledger, collected.expected
+    frames = ledger.frames()
     # Throughput counts from the first frame read, not from process start-up (imports, model load).
     first_read = min((f["t"]["read_start"] for f in frames), default=finished_s)
     workers = [expected.stats[name] for name in sorted(expected.stats)] + [collector_stats]
@@ -302,10 +220,7 @@ def _run_data(args, ledger, expected, collector_stats, runner_started_s, finishe
         for identity, count in (w.get("resent") or {}).items():
             resent[identity] = resent.get(identity, 0) + count
     restarts = [{**r, "frames_resent": resent.get(f"{r['name']}.{r['incarnation']}", 0)} for r in expected.restarts]
-    dropped: dict[str, int] = {}
-    for w in workers:
-        for kind, count in (w.get("dropped_messages") or {}).items():
-            dropped[f"{w['name']}:{kind}"] = count
+    sources = _sources(workers, videos)
     for w in workers:
         w.pop("timing", None)
         w.pop("type", None)
@@ -315,19 +230,19 @@ def _run_data(args, ledger, expected, collector_stats, runner_started_s, finishe
     fields = dict(
         run_id=os.path.basename(args.run_dir), config=config,
         environment=environment(cfg, workers, first_read - runner_started_s),
-        frames_in=ledger.total, warmup=cfg.warmup, started_s=first_read, finished_s=finished_s, frames=frames,
-        failed=[ledger.failed[i] for i in sorted(ledger.failed)], detections=detections, workers=workers,
+        frames_in=ledger.frames_in, warmup=cfg.warmup, started_s=first_read, finished_s=finished_s, frames=frames,
+        failed=[ledger.failed[i] for i in sorted(ledger.failed)], detections=collected.detections, workers=workers,
         links=links, module_rows=[r.as_dict() for r in aggregate(exports)] if exports else [],
         forward=forward_stats(exports), module_spans=spans, resources=sampler.export(), restarts=restarts,
         cancelled=[ledger.cancelled[i] for i in sorted(ledger.cancelled)], machine=machine,
         stop={"reason": control.stop_reason or control.drain_reason, "signal": None},
-        outputs={"images_saved": sum(w.get("images_saved", 0) for w in workers), "image_error": image_error},
-        dropped_messages=dropped, duplicates=ledger.duplicates)
-    known = {f.name for f in dataclasses.fields(RunData)}
-    return RunData(**{k: v for k, v in fields.items() if k in known})
+        outputs={"images_saved": sum(w.get("images_saved", 0) for w in workers),
+                 "image_error": collected.image_error or collected.videos.error},
+        duplicates=ledger.duplicates, predictions=collected.predictions, sources=sources)
+    return RunData(**fields)
 
 
-def _write_run_folder(run_dir: str, run_data, log) -> tuple[dict, list[str], str | None]:
+def _write_run_folder(run_dir: str, run_data) -> tuple[dict, list[str], str | None]:
     """(summary, files written, the first write error); a disk-full folder still gives a summary."""
     from analysis.report import write_run_folder
     summary = write_run_folder(run_dir, run_data)

@@ -13,11 +13,12 @@ from typing import Any
 SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("weights", "preset", "fuse", "inplace", "half", "channels_last"),
     "detect": ("imgsz", "rect", "conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms"),
-    "source": ("source", "frames", "warmup", "synthetic_count"),
+    "source": ("source", "frames", "duration", "warmup", "synthetic_count", "vid_stride", "decode", "max_pixels"),
     "pipeline": ("device", "workers", "pre_workers", "infer_workers", "post_workers", "infer_threads",
                  "batch_size", "max_wait_ms", "prefetch", "module_timing", "timing_mode",
                  "trace_module_forwards", "max_restarts", "heartbeat_timeout_s"),
-    "output": ("results", "save_images", "log_level", "progress", "allow_failures"),
+    "output": ("results", "name", "exist_ok", "save_images", "save_txt", "save_conf", "log_level", "progress",
+               "allow_failures", "json"),
     "transport": ("transport", "tcp_host", "tcp_base_port"),
 }
 MODULE_TIMING = ("none", "layers", "blocks", "leaves")
@@ -46,8 +47,12 @@ class RunConfig:
     agnostic_nms: bool = False
     source: str = "synthetic"
     frames: int = 0  # 0: one pass over the source
+    duration: float = 0.0  # seconds from the first frame, then drain; 0: off
     warmup: int = 0
     synthetic_count: int = 64
+    vid_stride: int = 1  # read every N-th frame of videos and streams
+    decode: str = "full"  # full | reduced (JPEG at 1/2, 1/4, 1/8 when the source is that much larger)
+    max_pixels: int = 100_000_000  # an image over this is a failed frame, refused from its header
     device: str = "cpu"  # cpu, cuda, cuda:N, or a comma-separated list of them
     workers: int = 0  # 0: one per CPU core
     pre_workers: int = 0  # 0: --workers
@@ -63,10 +68,15 @@ class RunConfig:
     max_restarts: int = 3  # restarts per stage (pre, infer, post) of workers that die or hang
     heartbeat_timeout_s: float = 5.0  # a process silent this long is handled as dead
     results: str = "results"
+    name: str = ""  # run folder name; "" = a timestamp
+    exist_ok: bool = False  # reuse an existing run folder of that name
     save_images: str = "all"  # all | none | N (every N-th frame)
+    save_txt: bool = False  # YOLO label files in labels/
+    save_conf: bool = False  # with the score in each label line
     log_level: str = "info"
     progress: bool = True
     allow_failures: bool = False  # exit 0, not 3, when some frames failed
+    json: bool = False  # print one JSON summary on stdout, logs on stderr
     transport: str = "ipc"  # ipc | tcp
     tcp_host: str = "127.0.0.1"
     tcp_base_port: int = 5550
@@ -82,6 +92,15 @@ class RunConfig:
                list(self.classes))
         _check(self.frames >= 0, "frames", ">= 0 (0 = one pass)", self.frames)
         _check(self.warmup >= 0, "warmup", ">= 0", self.warmup)
+        _check(self.duration >= 0, "duration", ">= 0 seconds (0 = off)", self.duration)
+        _check(self.vid_stride >= 1, "vid_stride", ">= 1", self.vid_stride)
+        _check(self.decode in ("full", "reduced"), "decode", "'full' or 'reduced'", self.decode)
+        _check(self.max_pixels > 0, "max_pixels", "> 0", self.max_pixels)
+        _check(self.name == "" or (self.name not in (".", "..", "latest") and "/" not in self.name
+                                   and "\\" not in self.name), "name", "a folder name without '/' (not 'latest')",
+               self.name)
+        _check(self.save_txt or not self.save_conf, "save_conf", "save_txt as well (scores go into label files)",
+               self.save_conf)
         _check(self.synthetic_count > 0, "synthetic_count", "> 0", self.synthetic_count)
         for name in ("workers", "pre_workers", "infer_workers", "post_workers", "infer_threads"):
             _check(getattr(self, name) >= 0, name, ">= 0 (0 = automatic)", getattr(self, name))

@@ -234,7 +234,9 @@ def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, resul
             raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")
     except SlotError as exc:
         send_message(results_out, {"type": FAILED, "id": msg.header["id"], "name": msg.header["name"],
-                                   "stage": "infer", "worker": args.name, "reason": str(exc)}, token=args.wire.token)
+                                   "stage": "infer", "worker": args.name, "reason": str(exc),
+                                   "cycle": msg.header.get("cycle"), "video": msg.header.get("video")},
+                     token=args.wire.token)
         frames_in.ack(msg.header["id"], release=True)
         return
     waiting[tuple(image.shape)].append((time.perf_counter(), msg, image))

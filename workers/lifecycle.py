@@ -162,6 +162,7 @@ class Control:
         self.drops = drops
         self.stop_reason: str | None = None
         self.drain_reason: str | None = None
+        self.drain_cancels = True  # frames never read count as cancelled (not after --duration)
         self.gone: list[dict] = []  # peer-gone notices not yet applied by the stage
 
     def check(self) -> bool:
@@ -179,7 +180,9 @@ class Control:
         if header["type"] == STOP:
             self.stop_reason = self.stop_reason or header["reason"]
         elif header["type"] == DRAIN:
-            self.drain_reason = self.drain_reason or header["reason"]
+            if self.drain_reason is None:
+                self.drain_reason = header["reason"]
+                self.drain_cancels = header.get("cancel", True) is not False
         else:
             self.gone.append(header)
 

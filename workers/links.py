@@ -26,7 +26,7 @@ import numpy as np
 import zmq
 
 from workers.lifecycle import Wire
-from workers.messages import ACK, CREDIT, END, FRAME, validate
+from workers.messages import ACK, CREDIT, END, FRAME, RELEASE, validate
 from workers.transport import FRAME_LIMITS, DropCounter, Message, ProtocolError, make_socket, recv_message, send_message
 
 DRAIN_TIMEOUT_S = 30.0  # after end-of-stream: how long to wait without any ack before giving up
@@ -307,4 +307,33 @@ class Upstream:
 
     def close(self) -> None:
         for socket in self.sockets:
+            socket.close()
+
+
+class SlotReturns:
+    """Gives shared-memory slots back to the preprocess worker that lent them."""
+
+    def __init__(self, ctx: zmq.Context, args):
+        self.token = args.wire.token
+        self.sockets = {}
+        for i, endpoint in enumerate(args.endpoints.pre_returns):
+            socket = make_socket(ctx, zmq.PUSH, linger_ms=0, sndhwm=1000, curve=args.wire.curve)
+            socket.connect(endpoint)
+            self.sockets[f"pre-{i}"] = socket
+
+    def release(self, header: dict) -> None:
+        """Give back the slot of the frame ``header`` describes (its ``px`` references and the
+        ``pre`` worker that lent them); nothing for a frame whose pixels travelled inline."""
+        ref = header["px"].get("orig") or header["px"].get("lb")
+        socket = self.sockets.get(header.get("pre"))
+        if not isinstance(ref, dict) or "seg" not in ref or socket is None:
+            return
+        try:
+            send_message(socket, {"type": RELEASE, "seg": ref["seg"], "items": [[ref["slot"], header["id"]]]},
+                         token=self.token, flags=zmq.NOBLOCK)
+        except zmq.Again:  # that worker is gone: its ring went with it
+            pass
+
+    def close(self) -> None:
+        for socket in self.sockets.values():
             socket.close()

@@ -51,7 +51,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
                 "signal": "?str"},
     PROGRESS: {"processed": INT, "failed": INT},
     FINISHED: {"summary": DICT, "written": LIST, "write_error": "?str"},
-    DRAIN: {"reason": STR},
+    DRAIN: {"reason": STR, "cancel": "?bool"},
     STOP: {"reason": STR},
     PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR},
 }

@@ -18,85 +18,74 @@ import zmq
 from analysis.samples import Samples
 from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
                                setup_logging, test_slowdown_ms, worker_stats)
-from workers.links import Upstream
-from workers.messages import FAILED, INFER_FRAME, RELEASE, RESULT, check_fields
+from workers.links import SlotReturns, Upstream
+from workers.messages import FAILED, INFER_FRAME, RESULT, check_fields
 from workers.slots import SlotError, SlotViews
 from workers.transport import DropCounter, ProtocolError, make_socket, send_message
+from yolo.boxes import unreduce_boxes
+from yolo.coco import coco_results
 from yolo.detect import annotated_name, detection_records, final_detections
 from yolo.draw import draw_detections
+from yolo.labels import label_lines, label_path
 from yolo.letterbox import LetterboxInfo
 
 POLL_TIMEOUT_MS = 100
 JPEG_QUALITY = 95  # OpenCV's default, as imwrite uses
 
 
-class ImageSaver:
-    """Encodes and writes annotated images; a full disk turns saving off for the rest of the run."""
+class Outputs:
+    """Writes annotated images and label files; a full disk turns writing off for the rest of the
+    run (frames are still detected and counted) with one reason."""
 
-    def __init__(self, images_dir: str, log):
-        self.images_dir = images_dir
+    def __init__(self, run_dir: str, cfg, log):
+        self.images_dir = os.path.join(run_dir, "images")
+        self.labels_dir = run_dir  # label_path() starts with labels/
+        self.save_txt, self.save_conf = cfg.save_txt, cfg.save_conf
         self.log = log
         self.error: str | None = None
         self.saved = 0
 
-    def save(self, name: str, image: np.ndarray) -> bool:
+    def save_image(self, name: str, image: np.ndarray) -> bool:
         if self.error is not None:
             return False
-        path = os.path.join(self.images_dir, name)
-        ext = os.path.splitext(path)[1].lower() or ".jpg"
-        ok, encoded = cv2.imencode(ext, image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY] if ext in (".jpg", ".jpeg")
-                                   else [])
+        ext = os.path.splitext(name)[1].lower() or ".jpg"
+        params = [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY] if ext in (".jpg", ".jpeg") else []
+        ok, encoded = cv2.imencode(ext, image, params)
         if not ok:
             raise OSError(f"cannot encode image as {ext}: {name}")
+        if self._write(os.path.join(self.images_dir, name), encoded.data):
+            self.saved += 1
+            return True
+        return False
+
+    def write_labels(self, name: str, lines: list[str]) -> None:
+        if self.error is None:
+            self._write(os.path.join(self.labels_dir, label_path(name)), "".join(f"{line}\n" for line in lines).encode())
+
+    def _write(self, path: str, data) -> bool:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
-                f.write(encoded.data)
+                f.write(data)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 raise
-            self._stop_saving(path, exc)
+            self._stop_writing(path, exc)
             return False
-        self.saved += 1
         return True
 
-    def _stop_saving(self, path: str, exc: OSError) -> None:
+    def _stop_writing(self, path: str, exc: OSError) -> None:
         try:
-            os.unlink(path)  # never leave a truncated image behind
+            os.unlink(path)  # never leave a truncated file behind
         except OSError:
             pass
-        self.error = f"{os.strerror(exc.errno)} writing {path}: image saving stopped, detections go on"
+        self.error = f"{os.strerror(exc.errno)} writing {path}: image and label saving stopped, detections go on"
         self.log.info("%s", self.error)  # the collector reports it once for the whole run
 
 
-class Returns:
-    """Gives shared-memory slots back to the preprocess worker that lent them."""
-
-    def __init__(self, ctx: zmq.Context, args: StageArgs):
-        self.token = args.wire.token
-        self.sockets = {}
-        for i, endpoint in enumerate(args.endpoints.pre_returns):
-            socket = make_socket(ctx, zmq.PUSH, linger_ms=0, sndhwm=1000, curve=args.wire.curve)
-            socket.connect(endpoint)
-            self.sockets[f"pre-{i}"] = socket
-
-    def release(self, header: dict) -> None:
-        ref = header["px"].get("orig") or header["px"].get("lb")
-        socket = self.sockets.get(header.get("pre"))
-        if not isinstance(ref, dict) or "seg" not in ref or socket is None:
-            return
-        try:
-            send_message(socket, {"type": RELEASE, "seg": ref["seg"], "items": [[ref["slot"], header["id"]]]},
-                         token=self.token, flags=zmq.NOBLOCK)
-        except zmq.Again:  # that worker is gone: its ring went with it
-            pass
-
-    def close(self) -> None:
-        for socket in self.sockets.values():
-            socket.close()
-
-
-def postprocess(msg, views: SlotViews, opts, names, saver: ImageSaver, substages: dict, measured: bool) -> dict:
+def postprocess(msg, views: SlotViews, opts, names, outputs: Outputs, substages: dict, measured: bool) -> dict:
+    """NMS, boxes back to full-size original pixels, labels, and the annotated image (drawn here,
+    or, for a video frame, by the collector, which writes frames in order)."""
     h = msg.header
     t_start = time.perf_counter()
     info = LetterboxInfo(ratio=h["ratio"], pad=tuple(h["pad"]), original_shape=tuple(h["orig_shape"]),
@@ -104,27 +93,46 @@ def postprocess(msg, views: SlotViews, opts, names, saver: ImageSaver, substages
     candidates = views.array(h["px"]["cands"], msg.arrays)
     if candidates.dtype != np.float32 or candidates.ndim != 2 or candidates.shape[1] != 6:
         raise SlotError(f"expected float32 candidates of shape (K, 6), got {candidates.dtype} {candidates.shape}")
-    dets = final_detections(torch.from_numpy(candidates.copy()), info, opts)
+    dets = final_detections(torch.from_numpy(candidates.copy()), info, opts)  # in the decoded image's pixels
+    full = _full_size(dets, h)
     t_nms = time.perf_counter()
+    records = detection_records(full, h["name"], h["id"], names)
+    first_pass = h["cycle"] == 0
+    if first_pass and outputs.save_txt and len(full):
+        outputs.write_labels(h["name"], label_lines(full, h["full_shape"], outputs.save_conf))
     saved = False
     t_draw = t_nms
     orig = h["px"].get("orig")
-    if h["keep_image"] and orig is not None:
+    result = {"type": RESULT, "id": h["id"], "name": h["name"], "batch": h["batch"], "cold": bool(h.get("cold")),
+              "image_saved": False, "detections": records,
+              "predictions": coco_results(records, names) if first_pass else []}
+    if h["keep_image"] and orig is not None and h.get("release_by") == "collector":
+        result.update(video=h.get("video"), px={"orig": orig}, pre=h.get("pre"), cycle=h["cycle"],
+                      draw=dets.tolist())  # the collector draws and writes video frames in order
+    elif h["keep_image"] and orig is not None:
         image = np.array(views.array(orig, msg.arrays))  # a copy: the slot stays as it was if we die
         if image.ndim != 3 or image.shape[:2] != info.original_shape:
             raise SlotError(f"expected the original of shape {info.original_shape}, got {image.shape}")
         draw_detections(image, dets, names, inplace=True)
         t_draw = time.perf_counter()
-        saved = saver.save(annotated_name(h["name"], h["cycle"]), image)
+        saved = outputs.save_image(annotated_name(h["name"], h["cycle"]), image)
     t_end = time.perf_counter()
     if measured and not h.get("cold"):
         substages["nms"].add((t_nms - t_start) * 1e3)
         if saved:
             substages["draw"].add((t_draw - t_nms) * 1e3)
             substages["save"].add((t_end - t_draw) * 1e3)
-    return {"type": RESULT, "id": h["id"], "name": h["name"], "batch": h["batch"], "cold": bool(h.get("cold")),
-            "t": {**h["t"], "post_start": t_start, "post_end": t_end}, "image_saved": saved,
-            "image_error": saver.error, "detections": detection_records(dets, h["name"], h["id"], names)}
+    result.update(t={**h["t"], "post_start": t_start, "post_end": t_end}, image_saved=saved,
+                  image_error=outputs.error)
+    return result
+
+
+def _full_size(dets: torch.Tensor, header: dict) -> torch.Tensor:
+    """Boxes found on a reduced decode, mapped to the full-size frame's pixels."""
+    reduction = header.get("reduction", 1)
+    if reduction == 1:
+        return dets
+    return torch.cat((unreduce_boxes(dets[:, :4], reduction, header["full_shape"]), dets[:, 4:]), 1)
 
 
 def run(args: StageArgs) -> None:
@@ -143,9 +151,9 @@ def run(args: StageArgs) -> None:
                          cfg.prefetch, args.wire, drops)
     results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
     results_out.connect(args.endpoints.collector)
-    returns = Returns(ctx, args)
+    returns = SlotReturns(ctx, args)
     views = SlotViews(args.run_tag)
-    saver = ImageSaver(os.path.join(args.run_dir, "images"), log)
+    outputs = Outputs(args.run_dir, cfg, log)
     poller = zmq.Poller()
     for socket in frames_in.sockets + [control.socket]:
         poller.register(socket, zmq.POLLIN)
@@ -174,14 +182,15 @@ def run(args: StageArgs) -> None:
                 measured = h["id"] >= cfg.warmup
                 with clock.busy() as spent:
                     try:
-                        result = postprocess(msg, views, opts, names, saver, substages, measured)
+                        result = postprocess(msg, views, opts, names, outputs, substages, measured)
                         burn_cpu(slow_ms)
                         result["workers"] = {"pre": h.get("pre"), "infer": h.get("infer"), "post": args.name}
                         bytes_out += send_message(results_out, result, token=args.wire.token)
                     except Exception as exc:  # one bad frame must not take the stage down
                         log.exception("frame %d failed in postprocess", h["id"])
                         send_message(results_out, {"type": FAILED, "id": h["id"], "name": h["name"], "stage": "post",
-                                                   "worker": args.name, "reason": repr(exc)}, token=args.wire.token)
+                                                   "worker": args.name, "reason": repr(exc), "cycle": h["cycle"],
+                                                   "video": h.get("video")}, token=args.wire.token)
                     if h.get("release_by") == "post":
                         returns.release(h)
                     frames_in.ack(h["id"])
@@ -196,7 +205,7 @@ def run(args: StageArgs) -> None:
             args, "post", threads, clock, frames, drops, bytes_in=frames_in.bytes_received, bytes_out=bytes_out,
             messages_in=frames_in.frames_received, messages_out=frames, link="post->collector",
             substages_ms={k: v.to_dict() for k, v in substages.items()}, held=frames_in.held(),
-            images_saved=saver.saved, image_error=saver.error), token=args.wire.token)
+            images_saved=outputs.saved, image_error=outputs.error), token=args.wire.token)
     finally:
         heartbeat.close()
         views.close()

@@ -4,6 +4,7 @@ within the credit each inference worker granted. Imports no torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -16,27 +17,32 @@ from workers.links import Downstream
 from workers.messages import FAILED, RELEASE, validate
 from workers.slots import SlotRing, segment_name
 from workers.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
+from yolo.frames import Frame, FrameReadError, StreamError
+from yolo.imageio import DecodeOptions
 from yolo.letterbox import bgr_to_rgb_chw, letterbox
-from yolo.sources import FrameReader, FrameReadError
+from yolo.reader import ShareReader
 
 POLL_TIMEOUT_MS = 100
 LETTERBOX_STRIDE = 32  # the max stride of every YOLOv5 P5 model; inference checks its model agrees
 RETURNS_TYPES = frozenset({RELEASE})
 
 
-def prepare(reader: FrameReader, ref, cfg, keep_original: bool) -> tuple[dict, list[np.ndarray]]:
-    """Read and letterbox one frame: its header (geometry and timestamps) and its arrays
-    (letterboxed RGB CHW uint8, then the BGR original when the image will be drawn)."""
-    t_read = time.perf_counter()
-    image = reader.read(ref)
+def prepare(frame: Frame, t_read: float, cfg, keep_original: bool) -> tuple[dict, list[np.ndarray]]:
+    """Letterbox one frame read at ``t_read``: its header (geometry and timestamps) and its
+    arrays (letterboxed RGB CHW uint8, then the BGR original when the image will be drawn)."""
     t_decoded = time.perf_counter()
-    boxed, info = letterbox(image, cfg.imgsz, LETTERBOX_STRIDE, rect=cfg.rect)
+    boxed, info = letterbox(frame.image, cfg.imgsz, LETTERBOX_STRIDE, rect=cfg.rect)
     chw = bgr_to_rgb_chw(boxed)  # the model's channel order, made here where it is cheapest
     t_done = time.perf_counter()
+    ref = frame.ref
     header = {"id": ref.frame_id, "name": ref.name, "cycle": ref.cycle, "ratio": info.ratio,
               "pad": list(info.pad), "orig_shape": list(info.original_shape), "lb_shape": list(boxed.shape[:2]),
-              "keep_image": keep_original, "t": {"read_start": t_read, "read_end": t_decoded, "pre_end": t_done}}
-    return header, [chw, image] if keep_original else [chw]
+              "full_shape": list(frame.original_shape), "reduction": frame.reduction, "keep_image": keep_original,
+              "t": {"read_start": t_read, "read_end": t_decoded, "pre_end": t_done}}
+    if frame.video is not None:
+        header["video"] = {"item": ref.item, "index": ref.index, "fps": frame.video.fps,
+                           "frames": frame.video.frames}
+    return header, [chw, frame.image] if keep_original else [chw]
 
 
 class FramesOut:
@@ -96,68 +102,61 @@ def run(args: StageArgs) -> None:
     poller = zmq.Poller()
     for socket in (frames_out.socket, returns_in, control.socket):
         poller.register(socket, zmq.POLLIN)
-    clock, save_every, slow_ms = Clock(), args.config.save_every, test_slowdown_ms("pre")
+    clock, slow_ms = Clock(), test_slowdown_ms("pre")
     substages, sent = {"read": Samples(), "letterbox": Samples()}, 0
-    ids = plan.worker_ids(args.index, len(args.endpoints.pre))
-    position = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
-    release_by = "post" if save_every else "infer"
+    reader = ShareReader(plan, args.index, len(args.endpoints.pre), args.start_position,
+                         decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
+    handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
+    stream_errors: list[str] = []
+    share_done = False
     try:
         ready = None  # a prepared frame waiting for credit
-        with FrameReader() as reader:
-            while not control.check():
-                heartbeat.tick()
-                for notice in control.take_gone():
-                    frames_out.peer_gone(notice["name"], notice["incarnation"], notice["final"])
-                frames_out.send_queued()
-                more = position < len(ids) and not control.draining()
-                if ready is None and more and frames_out.all_peers_known() and slots.has_room():
-                    frame_id = ids[position]
-                    ref = plan.ref(frame_id)
-                    keep = save_every > 0 and frame_id % save_every == 0
-                    with clock.busy() as spent:
-                        try:
-                            header, arrays = prepare(reader, ref, cfg, keep)
-                            burn_cpu(slow_ms)
-                            header.update(pre=args.name, release_by=release_by if keep else "infer")
-                            ready = slots.pack(header, arrays)
-                        except FrameReadError as exc:
-                            log.warning("frame %d (%s) failed: %s", frame_id, ref.name, exc)
-                            send_message(results_out, {"type": FAILED, "id": frame_id, "name": ref.name,
-                                                       "stage": "pre", "worker": args.name, "reason": str(exc)},
-                                         token=args.wire.token)
-                            position += 1
-                    if ready is not None and frame_id >= cfg.warmup:
-                        t = ready[0]["t"]
-                        substages["read"].add((t["read_end"] - t["read_start"]) * 1e3)
-                        substages["letterbox"].add((t["pre_end"] - t["read_end"]) * 1e3)
-                        clock.add_frames(*spent, frames=1)
-                    heartbeat.position = position
-                    continue
-                if ready is not None and frames_out.has_credit():
-                    if frames_out.send(*ready) is not None:  # else its consumer is gone: try another
-                        sent += 1
-                        position += 1
-                        heartbeat.position = position
-                        ready = None
-                    continue
-                if ready is None and not more and frames_out.finish(log):
-                    break
-                events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=ready is not None or not slots.has_room())
-                if frames_out.socket in events:
-                    for frame_id in frames_out.handle():
-                        slots.release(frame_id)
-                if returns_in in events:
-                    _take_returns(returns_in, slots, args, drops)
-                if control.socket in events:
-                    control.handle()
+        while not control.check():
+            heartbeat.tick()
+            for notice in control.take_gone():
+                frames_out.peer_gone(notice["name"], notice["incarnation"], notice["final"])
+            frames_out.send_queued()
+            more = not share_done and not control.draining()
+            if ready is None and more and frames_out.all_peers_known() and slots.has_room():
+                with clock.busy() as spent:
+                    ready, share_done = _read_next(reader, slots, cfg, args, results_out, log, stream_errors)
+                    burn_cpu(slow_ms if ready else 0.0)
+                if ready is None:
+                    handed = reader.position
+                elif ready[0]["id"] >= cfg.warmup:
+                    t = ready[0]["t"]
+                    substages["read"].add((t["read_end"] - t["read_start"]) * 1e3)
+                    substages["letterbox"].add((t["pre_end"] - t["read_end"]) * 1e3)
+                    clock.add_frames(*spent, frames=1)
+                heartbeat.position = handed
+                continue
+            if ready is not None and frames_out.has_credit():
+                if frames_out.send(*ready) is not None:  # else its consumer is gone: try another
+                    sent += 1
+                    handed = reader.position
+                    heartbeat.position = handed
+                    ready = None
+                continue
+            if ready is None and not more and frames_out.finish(log):
+                break
+            events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=ready is not None or not slots.has_room())
+            if frames_out.socket in events:
+                for frame_id in frames_out.handle():
+                    slots.release(frame_id)
+            if returns_in in events:
+                _take_returns(returns_in, slots, args, drops)
+            if control.socket in events:
+                control.handle()
         if control.stop_reason or control.drain_reason:
             log.info("stopping: %s", control.stop_reason or control.drain_reason)
         send_message(results_out, worker_stats(
             args, "pre", threads, clock, sent, drops, bytes_out=frames_out.bytes_sent, messages_out=sent,
             substages_ms={k: v.to_dict() for k, v in substages.items()}, link="pre->infer",
-            position=position, share=len(ids), held_by=frames_out.held_by(), resent=frames_out.resent_by,
-            inline_arrays=slots.ring.inline_arrays if slots.ring else 0), token=args.wire.token)
+            position=handed, share=reader.planned, held_by=frames_out.held_by(), resent=frames_out.resent_by,
+            inline_arrays=slots.ring.inline_arrays if slots.ring else 0, stream_errors=stream_errors,
+            streams=[dataclasses.asdict(s) for s in reader.stream_stats()]), token=args.wire.token)
     finally:
+        reader.close()
         heartbeat.close()
         slots.close()
         for closable in (frames_out, control):
@@ -165,6 +164,37 @@ def run(args: StageArgs) -> None:
         returns_in.close()
         results_out.close()
         ctx.term()
+
+
+def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, results_out, log,
+               stream_errors: list[str]) -> tuple[tuple[dict, list] | None, bool]:
+    """(the next frame prepared and packed into a slot, or None; whether the share is done).
+    A frame that cannot be read is reported failed; a stream given up is logged once."""
+    t_read = time.perf_counter()
+    try:
+        frame = reader.next()
+    except FrameReadError as exc:
+        ref = exc.ref
+        log.warning("frame %d (%s) failed: %s", ref.frame_id, ref.name, exc.reason)
+        failure = {"type": FAILED, "id": ref.frame_id, "name": ref.name, "stage": "pre", "worker": args.name,
+                   "reason": exc.reason, "cycle": ref.cycle}
+        if ref.kind in ("video", "stream"):
+            failure["video"] = {"item": ref.item, "index": ref.index}
+        send_message(results_out, failure, token=args.wire.token)
+        return None, False
+    except StreamError as exc:
+        log.error("%s", exc)
+        stream_errors.append(str(exc))
+        return None, False
+    if frame is None:
+        return None, True
+    save_every = cfg.save_every
+    position = frame.ref.index if frame.video is not None else frame.ref.frame_id  # a video keeps every N-th of its own
+    keep = save_every > 0 and position % save_every == 0
+    header, arrays = prepare(frame, t_read, cfg, keep)
+    release_by = "collector" if keep and frame.video is not None else "post" if keep else "infer"
+    header.update(pre=args.name, release_by=release_by)
+    return slots.pack(header, arrays), False
 
 
 def _take_returns(returns_in: zmq.Socket, slots: FramesOut, args: StageArgs, drops: DropCounter) -> None:

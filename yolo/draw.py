@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 import cv2
 import numpy as np
-import torch
 
 _GOLDEN_RATIO_CONJUGATE = 0.618033988749895
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
@@ -46,7 +45,7 @@ def _label(class_id: int, score: float, names: Sequence[str]) -> str:
 
 def draw_detections(
     image: np.ndarray,
-    detections: torch.Tensor | np.ndarray,
+    detections: "torch.Tensor | np.ndarray",
     names: Sequence[str],
     line_width: int | None = None,
     inplace: bool = False,
@@ -66,7 +65,7 @@ def draw_detections(
     """
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected a uint8 BGR image of shape (H, W, 3), got {image.dtype} {image.shape}")
-    rows = detections.detach().cpu().numpy() if isinstance(detections, torch.Tensor) else detections
+    rows = detections.detach().cpu().numpy() if hasattr(detections, "detach") else detections  # torch or numpy
     rows = np.asarray(rows, dtype=np.float64).reshape(-1, 6) if np.size(rows) else np.zeros((0, 6))
     if inplace and not image.flags.c_contiguous:
         raise ValueError("expected a C-contiguous image for inplace drawing, got a non-contiguous one")
