@@ -148,6 +148,7 @@ def run(args: StageArgs) -> None:
     outbox: collections.deque = collections.deque()  # (header, arrays) ready for the postprocess pool
     substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
     batches = frames = 0
+    module_times = ModuleTimes(detector.timing)
     log.info(detector.log_line())
     try:
         started = False
@@ -180,6 +181,7 @@ def run(args: StageArgs) -> None:
                     burn_cpu(slow_ms * len(group))
                     t_end = time.perf_counter()
                 outbox.extend(_to_post(group, found, cold, t_start, t_end, args.name, len(group)))
+                module_times.after_forward()
                 if measured and not cold:
                     clock.add_frames(*spent, frames=len(group))
                 batches += 1
@@ -206,7 +208,7 @@ def run(args: StageArgs) -> None:
             bytes_in=frames_in.bytes_received, bytes_out=frames_out.bytes_sent,
             messages_in=frames_in.frames_received, messages_out=frames_out.frames_sent,
             substages_ms={k: v.to_dict() for k, v in substages.items()}, link="infer->post",
-            timing=_export_timing(detector.timing), held=held, held_by=frames_out.held_by(),
+            timing=module_times.export(), held=held, held_by=frames_out.held_by(),
             resent=frames_out.resent_by), token=args.wire.token)
     finally:
         heartbeat.close()
@@ -284,13 +286,39 @@ def _to_post(group: list, found: list[np.ndarray], cold: bool, t_start: float, t
     return out
 
 
-def _export_timing(timing) -> dict | None:
-    if timing is None:
-        return None
-    exported = timing.recorder.export()
-    exported["forward_ms"] = exported["forward_ms"].tolist()
-    exported["residual_ms"] = exported["residual_ms"].tolist()
-    for m in exported["modules"]:
-        m["times_ms"] = m["times_ms"].tolist()
-    exported["spans"] = [list(s) for s in timing.recorder.spans]
-    return exported
+class ModuleTimes:
+    """Folds the recorder's per-module times into compact summaries every FOLD_EVERY forwards,
+    so an inference process's memory stays flat however long the run."""
+
+    FOLD_EVERY = 64
+
+    def __init__(self, timing):
+        self.timing = timing
+        self.modules: dict[str, Samples] = {}
+        self.forward, self.residual = Samples(), Samples()
+        self._since_fold = 0
+
+    def after_forward(self) -> None:
+        self._since_fold += 1
+        if self.timing is not None and self._since_fold >= self.FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        self._since_fold = 0
+        times, forward, residual = self.timing.recorder.take_times()
+        for name, values in times.items():
+            self.modules.setdefault(name, Samples()).extend(values)
+        self.forward.extend(forward)
+        self.residual.extend(residual)
+
+    def export(self) -> dict | None:
+        if self.timing is None:
+            return None
+        self.fold()
+        exported = self.timing.recorder.export()
+        exported["forward_ms"] = self.forward.to_dict()
+        exported["residual_ms"] = self.residual.to_dict()
+        for m in exported["modules"]:
+            m["times_ms"] = self.modules.get(m["name"], Samples()).to_dict()
+        exported["spans"] = [list(s) for s in self.timing.recorder.spans]
+        return exported

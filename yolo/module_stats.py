@@ -4,6 +4,10 @@ processes which only merge and report (the collector) need not import torch.
 ``aggregate`` merges the exports of ``yolo.timing.Recorder`` (one per inference process) into
 per-module rows; a residual row holds the forward time outside every outermost timed call, so
 the outermost rows' shares plus the residual's sum to 1.
+
+A series of times is either every value (a list or array), or a summary of a long series as a
+compact ``{"count", "sum", "values"}`` dict (``values`` a uniform sample, for percentiles), so a
+long run's process memory stays flat: counts and totals stay exact either way.
 """
 
 from __future__ import annotations
@@ -36,11 +40,31 @@ class ModuleStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _Series:
+    count: int
+    total: float
+    values: np.ndarray  # all values, or a uniform sample of them
+
+    @classmethod
+    def of(cls, series: Any) -> _Series:
+        if isinstance(series, dict):
+            values = np.asarray(series.get("values", ()), dtype=np.float64)
+            return cls(int(series["count"]), float(series["sum"]), values)
+        values = np.asarray(series, dtype=np.float64)
+        return cls(int(values.size), float(values.sum()), values)
+
+    @classmethod
+    def merge(cls, parts: list[_Series]) -> _Series:
+        return cls(sum(p.count for p in parts), sum(p.total for p in parts),
+                   np.concatenate([p.values for p in parts] or [np.zeros(0)]))
+
+
 def aggregate(exports: Iterable[dict[str, Any]]) -> list[ModuleStats]:
     """Merge recorder exports (e.g. one per inference process) into per-module rows, in
     registration order, with a residual row so outermost shares plus residual sum to 1."""
     exports = list(exports)
-    forward = np.concatenate([np.asarray(e["forward_ms"], dtype=np.float64) for e in exports] or [np.zeros(0)])
+    forward = _Series.merge([_Series.of(e["forward_ms"]) for e in exports])
     merged: dict[str, dict[str, Any]] = {}
     for e in exports:
         for m in e["modules"]:
@@ -49,35 +73,35 @@ def aggregate(exports: Iterable[dict[str, Any]]) -> list[ModuleStats]:
             row["in_forward"] = row["in_forward"] and m["in_forward"]
             for shape, count in m["shapes"].items():
                 row["shapes"][shape] = row["shapes"].get(shape, 0) + count
-            row["times_ms"].append(np.asarray(m["times_ms"], dtype=np.float64))
-    forward_total = float(forward.sum())
+            row["times_ms"].append(_Series.of(m["times_ms"]))
+    forward_total = forward.total
     rows = []
     for name, m in merged.items():
-        times = np.concatenate(m["times_ms"]) if m["times_ms"] else np.zeros(0)
-        if times.size == 0:
+        times = _Series.merge(m["times_ms"])
+        if times.count == 0:
             continue  # never called, e.g. a container its owner iterates instead of calling
-        share = float(times.sum()) / forward_total if forward_total > 0 and m["in_forward"] else None
+        share = times.total / forward_total if forward_total > 0 and m["in_forward"] else None
         rows.append(_row(name, m["type"], m["params"], _shapes_text(m["shapes"]), times, share,
                          m["outermost"]))
-    residual = np.concatenate([np.asarray(e["residual_ms"], dtype=np.float64) for e in exports])
-    if residual.size:
-        share = float(residual.sum()) / forward_total if forward_total > 0 else None
+    residual = _Series.merge([_Series.of(e["residual_ms"]) for e in exports])
+    if residual.count:
+        share = residual.total / forward_total if forward_total > 0 else None
         rows.append(_row(RESIDUAL_NAME, "residual", 0, "", residual, share, True))
     return rows
 
 
 def forward_stats(exports: Iterable[dict[str, Any]]) -> dict[str, float]:
-    forward = np.concatenate([np.asarray(e["forward_ms"], dtype=np.float64) for e in exports] or [np.zeros(0)])
-    if forward.size == 0:
+    forward = _Series.merge([_Series.of(e["forward_ms"]) for e in exports])
+    if forward.count == 0:
         return {"forwards": 0, "total_ms": 0.0, "mean_ms": 0.0, "p50_ms": 0.0, "p95_ms": 0.0}
-    return {"forwards": int(forward.size), "total_ms": float(forward.sum()), "mean_ms": float(forward.mean()),
-            "p50_ms": float(np.percentile(forward, 50)), "p95_ms": float(np.percentile(forward, 95))}
+    return {"forwards": forward.count, "total_ms": forward.total, "mean_ms": forward.total / forward.count,
+            "p50_ms": float(np.percentile(forward.values, 50)), "p95_ms": float(np.percentile(forward.values, 95))}
 
 
-def _row(name, type_name, params, shapes, times, share, outermost) -> ModuleStats:
+def _row(name, type_name, params, shapes, times: _Series, share, outermost) -> ModuleStats:
     return ModuleStats(name=name, type=type_name, params=int(params), input_shapes=shapes,
-                       calls=int(times.size), total_ms=float(times.sum()), mean_ms=float(times.mean()),
-                       p50_ms=float(np.percentile(times, 50)), p95_ms=float(np.percentile(times, 95)),
+                       calls=times.count, total_ms=times.total, mean_ms=times.total / times.count,
+                       p50_ms=float(np.percentile(times.values, 50)), p95_ms=float(np.percentile(times.values, 95)),
                        share=share, outermost=bool(outermost))
 
 

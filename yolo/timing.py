@@ -82,6 +82,7 @@ class Recorder:
         self.residual_ms: list[float] = []  # per forward: time outside every outermost timed call
         self.spans: list[tuple[str, float, float, int]] = []  # (name, start_s, dur_ms, depth)
         self._forwards_seen = 0
+        self._kept_forwards = 0  # forwards measured so far (the first keep_span_forwards keep their spans)
         self._depth = 0
         self._in_forward = False
         self._pending: list[tuple[str, Any, Any, int]] = []  # this forward's calls, not yet read
@@ -180,7 +181,8 @@ class Recorder:
         keep = self.measuring and self._forwards_seen > self.warmup_forwards
         if keep:
             self.forward_ms.append(self._elapsed_ms(self._forward_start, end))
-            keep_spans = len(self.forward_ms) <= self.keep_span_forwards
+            self._kept_forwards += 1
+            keep_spans = self._kept_forwards <= self.keep_span_forwards
             covered = 0.0
             for name, start, stop, depth in self._pending:
                 ms = self._elapsed_ms(start, stop)
@@ -214,6 +216,13 @@ class Recorder:
             yield
         finally:
             self.measuring = previous
+
+    def take_times(self) -> tuple[dict[str, list[float]], list[float], list[float]]:
+        """(per-name times, forward times, residual times) recorded since the last call, and
+        forget them: a long-running caller folds them into compact summaries."""
+        taken = (self.times_ms, self.forward_ms, self.residual_ms)
+        self.times_ms, self.forward_ms, self.residual_ms = {}, [], []
+        return taken
 
     def reset(self) -> None:
         self.times_ms.clear()
