@@ -44,6 +44,14 @@ class PidFinder:
         return pids[max(bisect.bisect_right(starts, t_s) - 1, 0)]
 
 
+def traced_frames(run: RunData) -> list[dict]:
+    """The frames whose spans go into the trace: the first ``trace_max_frames`` completed (a
+    trace of a long run would be tens of MB that no viewer opens comfortably)."""
+    limit = run.config.get("trace_max_frames")
+    frames = sorted(run.frames, key=lambda f: f["t"]["post_end"])
+    return frames if not limit else frames[:limit]
+
+
 def trace_events(run: RunData) -> dict:
     def us(t_s: float) -> float:
         return round((t_s - run.started_s) * 1e6, 1)
@@ -53,7 +61,7 @@ def trace_events(run: RunData) -> dict:
     events = [_metadata("process_name", w["pid"], 0, process_label(w)) for w in ordered]
     events += [_metadata("process_sort_index", w["pid"], 0, None, sort_index=i) for i, w in enumerate(ordered)]
     events += [_metadata("thread_name", w["pid"], FRAME_TID, "frames") for w in ordered]
-    for f in run.frames:
+    for f in traced_frames(run):
         for role, label, t0, t1 in TRACE_SPANS:
             pid = pid_of(f.get("workers", {}).get(role), f["t"][t0])
             if pid is None:
@@ -87,6 +95,6 @@ def _completed_counter(run: RunData, us) -> list[dict]:
     collector = next((w for w in run.workers if w["role"] == "collector"), None)
     if collector is None:
         return []
-    ends = sorted(f["t"]["post_end"] for f in run.frames)
+    ends = [f["t"]["post_end"] for f in traced_frames(run)]
     return [{"ph": "C", "name": "frames completed", "pid": collector["pid"], "tid": FRAME_TID, "ts": us(t),
              "args": {"frames": i}} for i, t in enumerate(ends, start=1)]

@@ -16,7 +16,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "source": ("source", "frames", "duration", "warmup", "synthetic_count", "vid_stride", "decode", "max_pixels"),
     "pipeline": ("device", "workers", "pre_workers", "infer_workers", "post_workers", "infer_threads",
                  "batch_size", "max_wait_ms", "prefetch", "module_timing", "timing_mode",
-                 "trace_module_forwards", "max_restarts", "heartbeat_timeout_s"),
+                 "trace_module_forwards", "trace_max_frames", "max_restarts", "heartbeat_timeout_s"),
     "output": ("results", "name", "exist_ok", "save_images", "save_txt", "save_conf", "log_level", "progress",
                "allow_failures", "json"),
     "transport": ("transport", "tcp_host", "tcp_base_port"),
@@ -65,6 +65,7 @@ class RunConfig:
     module_timing: str = "layers"
     timing_mode: str = "auto"
     trace_module_forwards: int = 20
+    trace_max_frames: int = 5000  # frames whose spans go into trace.json; 0 = all
     max_restarts: int = 3  # restarts per stage (pre, infer, post) of workers that die or hang
     heartbeat_timeout_s: float = 5.0  # a process silent this long is handled as dead
     results: str = "results"
@@ -112,6 +113,7 @@ class RunConfig:
         _check(self.max_restarts >= 0, "max_restarts", ">= 0", self.max_restarts)
         _check(self.heartbeat_timeout_s >= 1.0, "heartbeat_timeout_s", ">= 1 (heartbeats come every 0.5 s)",
                self.heartbeat_timeout_s)
+        _check(self.trace_max_frames >= 0, "trace_max_frames", ">= 0 (0 = all)", self.trace_max_frames)
         _check(self.trace_module_forwards >= 0, "trace_module_forwards", ">= 0", self.trace_module_forwards)
         _check(self.log_level in LOG_LEVELS, "log_level", f"one of {LOG_LEVELS}", self.log_level)
         _check(self.transport in ("ipc", "tcp"), "transport", "'ipc' or 'tcp'", self.transport)
