@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import sys
 import time
 
 import zmq
@@ -81,7 +82,8 @@ def environment(cfg, workers: list[dict], startup_s: float) -> dict:
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu_cores": os.cpu_count(),
             "processor": platform.processor() or platform.machine(), **versions, "libzmq": zmq.zmq_version(),
             "startup_s": startup_s, "devices": list(cfg.devices),
-            "threads_per_process": {w["name"]: w.get("threads") for w in workers}}
+            "threads_per_process": {w["name"]: w.get("threads") for w in workers},
+            "torch_loaded": {w["name"]: w.get("torch_loaded") for w in workers}}
 
 
 def _version(package: str) -> str:
@@ -150,7 +152,8 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
                            "frame_cpu_ms": clock.frame_cpu_ms.to_dict(),
                            "cpu_s": time.process_time() - clock.started_cpu_s, "bytes_in": collected.bytes_in,
                            "messages_in": collected.messages_in, "bytes_out": 0, "messages_out": 0,
-                           "substages_ms": {}, "dropped_messages": dict(drops.counts)}
+                           "substages_ms": {}, "dropped_messages": dict(drops.counts),
+                           "torch_loaded": "torch" in sys.modules}
         run_data = _run_data(args, collected, collector_stats, runner_started_s, finished_s, control, sampler,
                              machine, videos)
         summary, written, write_error = _write_run_folder(args.run_dir, run_data)

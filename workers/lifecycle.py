@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -310,7 +311,8 @@ def worker_stats(args: StageArgs, role: str, threads: dict, clock: Clock, frames
             "busy_cpu_s": clock.busy_cpu_s, "wait_in_s": clock.wait_in_s, "blocked_out_s": clock.blocked_out_s,
             "wall_s": clock.wall_s(), "frame_ms": clock.frame_ms.to_dict(),
             "frame_cpu_ms": clock.frame_cpu_ms.to_dict(), "cpu_s": time.process_time() - clock.started_cpu_s,
-            "dropped_messages": dict(drops.counts), "substages_ms": {}, **extra}
+            "dropped_messages": dict(drops.counts), "substages_ms": {}, "torch_loaded": "torch" in sys.modules,
+            **extra}
 
 
 TEST_SLOW_ENV = "YOLO_PIPELINE_TEST_SLOW"  # tests only: "post:30" makes each post frame burn 30 CPU-ms
