@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from supervisor.processes import stop_helper_processes
 from supervisor.run import EXIT_USAGE, Outcome, UsageError, run_pipeline
 from workers.config import ConfigError, build_config, read_toml
 
@@ -115,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         log.error("error: %s", exc)
         return EXIT_USAGE
+    finally:
+        stop_helper_processes()
     print_outcome(outcome, cfg.json)
     return outcome.exit_code
 

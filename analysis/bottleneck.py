@@ -198,7 +198,7 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict) -> dict:
     evidence = queue_evidence(stages, role)
     if saturation is not None and saturation >= CORES_SATURATED:
         limit = "cores"
-        evidence = (f"{100 * saturation:.0f} % busy ({saturation * cpu['cores']:.2f} of {cpu['cores']} cores), "
+        evidence = (f"{100 * saturation:.0f} % busy ({saturation * cpu['cores']:.2f} of the {cpu['cores']:.2f} cores left to it), "
                     f"so more processes would only time-slice them; {evidence}; CPU per frame: "
                     + ", ".join(f"{ROLE_NAMES.get(r, r)} {100 * s:.0f} %" for r, s in
                                 sorted(shares.items(), key=lambda item: -item[1])))

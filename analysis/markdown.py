@@ -126,9 +126,12 @@ def bound_lines(report: dict) -> list[str]:
     cpu, neck, stages = report["cpu"], report["bottleneck"], report["stages"]
     lines = ["## CPU per frame and the bound", ""]
     if cpu["cpu_ms_per_frame"] is not None:
-        used = (f", using {100 * cpu['saturation']:.0f} % of {cpu['cores']} cores over the measured window"
+        used = (f", using {100 * cpu['saturation']:.0f} % of the {cpu['cores']:.2f} cores it had over the measured window"
                 if cpu["saturation"] is not None else "")
         lines.append(f"The pipeline spends {cpu['cpu_ms_per_frame']:.1f} CPU-ms per frame ({cpu['source']}){used}.")
+        if cpu.get("other_load_cores"):
+            lines.append(f"Other jobs on this machine kept {cpu['other_load_cores']:.2f} of its {cpu['machine_cores']} "
+                         "cores busy in that window; the CPU bound counts only the cores left to this run.")
     rows = []
     for role in ROLES:
         cap = stages[role]["capacity"]
@@ -136,7 +139,7 @@ def bound_lines(report: dict) -> list[str]:
             rows.append([ROLE_NAMES[role], str(stages[role]["workers"]), _f(cap["ms_per_frame"]), cap["basis"],
                          _f(neck["stage_capacity_fps"].get(role))])
     if neck["cores_bound_fps"]:
-        rows.append(["CPU cores", str(cpu["cores"]), _f(cpu["cpu_ms_per_frame"]), "cpu, all processes",
+        rows.append(["CPU cores", _f(cpu["cores"], 2), _f(cpu["cpu_ms_per_frame"]), "cpu, all processes",
                      _f(neck["cores_bound_fps"])])
     lines += [""] + _table(["limit", "workers / cores", "ms per frame", "ms of", "capacity fps"], rows) + [""]
     if neck["bound_fps"]:

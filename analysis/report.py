@@ -115,11 +115,12 @@ def build_report(run: RunData) -> dict:
     machine = machine_of(run)
     window = measured_window(run.frames, run.warmup, run.started_s)
     measured = [f for f in run.frames if is_measured(f, run.warmup)]
-    usage = resource_report(run.resources, window.start_s, window.end_s, machine["cores"])
+    usage = resource_report(run.resources, window.start_s, window.end_s, machine["cores"], run.machine_cpu)
     stages = {role: stage_report([w for w in run.workers if w["role"] == role], usage["processes"])
               for role in ROLES}
     throughput = throughput_report(run, window)
-    cpu = cpu_report(usage, stages, window, machine["cores"], throughput["fps"])
+    cpu = cpu_report(usage, stages, window, usage["cores"], throughput["fps"])
+    cpu.update(machine_cores=machine["cores"], other_load_cores=usage["other_load_cores"])
     report = {
         "run_id": run.run_id, "config": run.config, "environment": run.environment, "machine": machine,
         "stop": {"reason": run.stop.get("reason", run.config.get("stopped")), "signal": run.stop.get("signal")},
@@ -226,6 +227,7 @@ def summary_of(report: dict) -> dict:
             "latency_p95_ms": latency["p95"] if latency["count"] else None,
             "latency_p99_ms": latency["p99"] if latency["count"] else None,
             "cpu_ms_per_frame": cpu["cpu_ms_per_frame"], "cpu_saturation": cpu["saturation"], "cores": cpu["cores"],
+            "machine_cores": cpu["machine_cores"], "other_load_cores": cpu["other_load_cores"],
             "bound_fps": neck["bound_fps"], "bound_kind": neck["bound_kind"], "efficiency": neck["efficiency"],
             "bottleneck": neck["stage"], "limit": neck["limit"], "hint": neck["hint"],
             "peak_pss_total_bytes": report["resources"]["peak_pss_total_bytes"],

@@ -71,12 +71,24 @@ def peak_pss_total(resources: dict) -> int | None:
     return int(total.max())
 
 
-def resource_report(resources: dict, start_s: float, end_s: float, cores: int | None) -> dict:
+def resource_report(resources: dict, start_s: float, end_s: float, cores: int | None,
+                    machine_cpu: Sequence[Sequence[float]] = ()) -> dict:
     """Per process usage, the run's peak total PSS, and the CPU every process used in the window
-    with the share of the machine's cores that is (``saturation``: 1 = every core busy)."""
+    with the share of the cores it had that is (``saturation``: 1 = every core it could use busy).
+
+    On a shared machine other jobs use some of the cores: ``other_load_cores`` is the machine's
+    busy time in the window that no process of the run used, divided by the window, and
+    ``cores`` is what was left to the run (never less than what it used)."""
     processes = {name: process_usage(entry, start_s, end_s) for name, entry in sorted(resources.items())}
     window_cpu_s = sum(p["window_cpu_s"] for p in processes.values())
     window_s = end_s - start_s
-    saturation = window_cpu_s / (cores * window_s) if processes and cores and window_s > 0 else None
+    other_load = None
+    available = cores
+    if cores and window_s > 0 and len(machine_cpu) > 1 and processes:
+        machine_s = cpu_between([[t, busy, None, None] for t, busy in machine_cpu], start_s, end_s)
+        other_load = max(0.0, machine_s - window_cpu_s) / window_s
+        available = max(cores - other_load, window_cpu_s / window_s)
+    saturation = window_cpu_s / (available * window_s) if processes and available and window_s > 0 else None
     return {"processes": processes, "peak_pss_total_bytes": peak_pss_total(resources),
-            "window_cpu_s": window_cpu_s if processes else None, "saturation": saturation, "cores": cores}
+            "window_cpu_s": window_cpu_s if processes else None, "saturation": saturation, "cores": available,
+            "machine_cores": cores, "other_load_cores": other_load}

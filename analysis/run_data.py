@@ -51,4 +51,5 @@ class RunData:
     outputs: dict = field(default_factory=dict)
     duplicates: int = 0  # results for a frame already accounted (sent again after a worker died), dropped
     predictions: list[dict] = field(default_factory=list)  # COCO results format, first pass of each image
-    sources: dict = field(default_factory=dict)  # streams (dropped at source, reconnects), stream errors, videos
+    sources: dict = field(default_factory=dict)
+    machine_cpu: list = field(default_factory=list)  # [[t_s, busy core-seconds of the whole machine]]  # streams (dropped at source, reconnects), stream errors, videos

@@ -48,12 +48,18 @@ def _times_100(value: float | None) -> float | None:
     return None if value is None else 100 * value
 
 
+OTHER_LOAD_NOTE_CORES = 0.2  # other jobs' load worth a mention on the terminal
+
+
 def _cpu_line(summary: dict) -> str:
     parts = []
     if summary["cpu_ms_per_frame"] is not None:
         parts.append(f"{summary['cpu_ms_per_frame']:.1f} CPU-ms per frame")
     if summary["cpu_saturation"] is not None:
         parts.append(f"cores {100 * summary['cpu_saturation']:.0f} % busy")
+    other = summary.get("other_load_cores")
+    if other is not None and other >= OTHER_LOAD_NOTE_CORES:
+        parts.append(f"other jobs kept {other:.1f} of {summary['machine_cores']} cores busy")
     if summary["bound_fps"] is not None:
         kind = "CPU cores" if summary["bound_kind"] == "cores" else summary["bound_kind"]
         parts.append(f"bound {summary['bound_fps']:.1f} fps ({kind})")

@@ -70,3 +70,15 @@ def test_report_carries_cpu_per_frame_and_memory():
     assert report["resources"]["peak_pss_total_bytes"] == sum(p["peak_pss_bytes"] for p in processes.values())
     assert report["summary"]["peak_pss_total_bytes"] == report["resources"]["peak_pss_total_bytes"]
     assert report["stages"]["infer"]["per_worker"][0]["peak_pss_bytes"] == int(400 * MIB * 0.6)
+
+
+def test_other_jobs_load_leaves_fewer_cores_to_the_run():
+    from analysis.resources import resource_report
+    # one process using 0.5 core for 10 s, while the whole machine (2 cores) was busy 1.5 cores
+    resources = {"infer-0": {"pid": 1, "role": "infer", "samples": [[0.0, 0.0, 1, 1], [10.0, 5.0, 1, 1]]}}
+    machine = [[0.0, 100.0], [10.0, 115.0]]
+    usage = resource_report(resources, 0.0, 10.0, 2, machine)
+    assert usage["other_load_cores"] == pytest.approx(1.0)
+    assert usage["cores"] == pytest.approx(1.0) and usage["saturation"] == pytest.approx(0.5)
+    alone = resource_report(resources, 0.0, 10.0, 2)
+    assert alone["cores"] == 2 and alone["other_load_cores"] is None and alone["saturation"] == pytest.approx(0.25)

@@ -241,7 +241,8 @@ def _run_data(args, collected: Collected, collector_stats, runner_started_s, fin
         stop={"reason": control.stop_reason or control.drain_reason, "signal": None},
         outputs={"images_saved": sum(w.get("images_saved", 0) for w in workers),
                  "image_error": collected.image_error or collected.videos.error},
-        duplicates=ledger.duplicates, predictions=collected.predictions, sources=sources)
+        duplicates=ledger.duplicates, predictions=collected.predictions, sources=sources,
+        machine_cpu=sampler.machine_cpu)
     return RunData(**fields)
 
 

@@ -29,6 +29,15 @@ def process_label(process: psutil.Process, runner_pid: int) -> str:
     return f"pid-{process.pid}"
 
 
+def machine_busy_s() -> float:
+    """Busy core-seconds of the whole machine since boot: what else runs beside this pipeline
+    (other jobs on a shared machine) shows as busy time that none of its processes used."""
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    total = sum(getattr(times, field) for field in times._fields if field not in ("guest", "guest_nice"))
+    return total - idle
+
+
 class ResourceSampler:
     """Samples [t_s, cpu_s, rss_bytes, pss_bytes] per process (t on the perf_counter clock of
     every frame timestamp; cpu cumulative user + system)."""
@@ -36,6 +45,7 @@ class ResourceSampler:
     def __init__(self, runner_pid: int):
         self.runner_pid = runner_pid
         self.series: dict[str, dict] = {}
+        self.machine_cpu: list[list[float]] = []  # [t_s, busy core-seconds of the whole machine]
         self.ticks = 0
         self.every = 1  # keep one sample in `every`: long runs keep a flat, coarser history
 
@@ -43,6 +53,7 @@ class ResourceSampler:
         self.ticks += 1
         if self.ticks % self.every:
             return
+        self.machine_cpu.append([time.perf_counter(), machine_busy_s()])
         try:
             runner = psutil.Process(self.runner_pid)
             processes = [runner] + runner.children(recursive=True)
@@ -63,6 +74,7 @@ class ResourceSampler:
         if any(len(e["samples"]) >= MAX_SAMPLES_PER_PROCESS for e in self.series.values()):
             for entry in self.series.values():
                 entry["samples"] = entry["samples"][::2]
+            self.machine_cpu = self.machine_cpu[::2]
             self.every *= 2
 
     def export(self) -> dict[str, dict]:
