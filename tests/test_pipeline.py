@@ -130,3 +130,24 @@ def test_pipeline_detections_equal_the_sequential_detector(fixtures_dir, tmp_pat
     assert code == 0
     assert load(run_dir, "report.json")["frames"]["accounted"]
     assert_same_detections(load(run_dir, "detections.json"), sequential_detections(fixtures_dir / "yolov5n.pt", sources, rect, tmp_path))
+
+
+def test_a_frame_larger_than_a_slot_travels_in_its_message(tmp_path):
+    """Slots hold originals up to 4K (prepare.MAX_SLOT_ORIGINAL_PIXELS); a larger frame goes as
+    bytes in its message instead: processed and saved whole, not a crash or a cut image."""
+    import cv2
+    import numpy as np
+    src = tmp_path / "src"
+    src.mkdir()
+    big = np.zeros((3000, 4200, 3), np.uint8)
+    big[::50] = 200  # stripes: a cut or shifted copy would not match
+    cv2.imwrite(str(src / "big.png"), big)
+    cv2.imwrite(str(src / "small.png"), np.full((48, 64, 3), 90, np.uint8))
+    code, run_dir = run_pipeline(tmp_path, "--source", str(src), "--workers", "1", "--infer-workers", "1",
+                                 "--imgsz", "64")
+    assert code == 0
+    report = load(run_dir, "report.json")
+    assert report["frames"]["processed"] == 2
+    saved = cv2.imread(str(run_dir / "images" / "big.png"))
+    assert saved.shape == big.shape and np.array_equal(saved[::50, :, 0][:, 100], big[::50, :, 0][:, 100])
+    assert report["links"]["pre->infer"]["bytes_per_frame"] > big.nbytes / 2  # the big one went inline
