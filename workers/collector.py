@@ -139,7 +139,7 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
         finished_s = time.perf_counter()
         log.info("every summary in (%d processed, %d failed): writing the run folder",
                  len(collected.ledger.processed), len(collected.ledger.failed))
-        sampler.sample()
+        sampler.sample(final=True)
         _send_progress(progress_out, collected.ledger, args)
         videos = collected.videos.finish()
         stop_reason = control.stop_reason or control.drain_reason

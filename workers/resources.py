@@ -40,19 +40,24 @@ def machine_busy_s() -> float:
 
 class ResourceSampler:
     """Samples [t_s, cpu_s, rss_bytes, pss_bytes] per process (t on the perf_counter clock of
-    every frame timestamp; cpu cumulative user + system)."""
+    every frame timestamp; cpu cumulative user + system). PSS costs a walk of the process's
+    whole address space (several ms for a process that maps torch), so it is read on one
+    sample in PSS_EVERY and None on the others; CPU and RSS are cheap and read every time."""
+
+    PSS_EVERY = 4
 
     def __init__(self, runner_pid: int):
         self.runner_pid = runner_pid
-        self.series: dict[str, dict] = {}
+        self.series: dict[int, dict] = {}  # by pid: a process is named by its title once it has one
         self.machine_cpu: list[list[float]] = []  # [t_s, busy core-seconds of the whole machine]
         self.ticks = 0
         self.every = 1  # keep one sample in `every`: long runs keep a flat, coarser history
 
-    def sample(self) -> None:
+    def sample(self, final: bool = False) -> None:
         self.ticks += 1
-        if self.ticks % self.every:
+        if self.ticks % self.every and not final:
             return
+        with_pss = final or (self.ticks // self.every) % self.PSS_EVERY == 1
         self.machine_cpu.append([time.perf_counter(), machine_busy_s()])
         try:
             runner = psutil.Process(self.runner_pid)
@@ -64,13 +69,14 @@ class ResourceSampler:
                 with process.oneshot():
                     label = process_label(process, self.runner_pid)
                     cpu = process.cpu_times()
-                    memory = process.memory_full_info()
+                    memory = process.memory_full_info() if with_pss else process.memory_info()
             except psutil.Error:  # it exited between listing and reading
                 continue
-            entry = self.series.setdefault(label, {"pid": process.pid, "role": label.split("-")[0], "samples": []})
-            entry["pid"] = process.pid  # a restarted worker keeps its name
+            entry = self.series.setdefault(process.pid, {"pid": process.pid, "samples": []})
+            if not label.startswith("pid-") and label != "forkserver" or "label" not in entry:
+                entry["label"] = label  # a stage's title replaces what its process was called at birth
             entry["samples"].append([time.perf_counter(), cpu.user + cpu.system, memory.rss,
-                                     getattr(memory, "pss", memory.rss)])
+                                     getattr(memory, "pss", None)])
         if any(len(e["samples"]) >= MAX_SAMPLES_PER_PROCESS for e in self.series.values()):
             for entry in self.series.values():
                 entry["samples"] = entry["samples"][::2]
@@ -78,4 +84,12 @@ class ResourceSampler:
             self.every *= 2
 
     def export(self) -> dict[str, dict]:
-        return self.series
+        """{name: {"pid", "role", "samples"}}; a restarted worker's incarnations follow one
+        another in one series (its CPU restarts from zero, which the analysis unwraps)."""
+        by_name: dict[str, dict] = {}
+        for entry in sorted(self.series.values(), key=lambda e: e["samples"][0][0] if e["samples"] else 0.0):
+            name = entry["label"]
+            merged = by_name.setdefault(name, {"pid": entry["pid"], "role": name.split("-")[0], "samples": []})
+            merged["pid"] = entry["pid"]
+            merged["samples"].extend(entry["samples"])
+        return by_name
