@@ -67,6 +67,7 @@ COMMAND_TIMEOUT_S = 1200.0
 EXIT_USAGE = 2  # what the tools answer to an impossible precision
 OWN_FPS_LINE = re.compile(r"(\d+) frames in ([\d.]+) s: ([\d.]+) fps")
 MIB = 1024 * 1024
+BUSY_LOAD_AVERAGE = 0.5  # before the first run: above it, other work shares the cores
 
 
 @dataclass(frozen=True)
@@ -278,8 +279,11 @@ def run_lengths(own_fps: float, s: Settings) -> tuple[int, int]:
     the short one is half that long; both whole batches."""
     span = max(MIN_SHORT_FRAMES, math.ceil(own_fps * s.span_s))
     short = max(MIN_SHORT_FRAMES, math.ceil(span / 2))
-    whole = lambda n: math.ceil(n / s.batch_size) * s.batch_size  # noqa: E731
-    return whole(short), whole(short + span)
+    return whole_batches(short, s.batch_size), whole_batches(short + span, s.batch_size)
+
+
+def whole_batches(frames: int, batch_size: int) -> int:
+    return math.ceil(frames / batch_size) * batch_size
 
 
 def probe(cs: list[Contender], s: Settings) -> tuple[list[Measured], dict[str, str]]:
@@ -292,7 +296,7 @@ def probe(cs: list[Contender], s: Settings) -> tuple[list[Measured], dict[str, s
         except CommandFailed as exc:
             if c.half and exc.code == EXIT_USAGE:
                 unavailable[c.key] = exc.refusal()
-                print(f"  {c.label}: unavailable: {unavailable[c.key]}", flush=True)
+                print(f"  {c.label}: unavailable: {short_reason(unavailable[c.key])}", flush=True)
                 continue
             raise
         estimate = first.own_fps or first.frames / first.wall_s
@@ -303,14 +307,19 @@ def probe(cs: list[Contender], s: Settings) -> tuple[list[Measured], dict[str, s
     return measured, unavailable
 
 
-def measure_rounds(measured: list[Measured], s: Settings) -> None:
+def measure_rounds(measured: list[Measured], s: Settings) -> list[float]:
+    """Run the rounds; the 1-minute load average after each (this benchmark's own load included)."""
+    loads = []
     for r in range(s.rounds):
         for m in rotated(measured, r):
             lengths = ("short", "long") if r % 2 == 0 else ("long", "short")
             runs = {which: run_once(m.contender, getattr(m, which), s.save_images) for which in lengths}
             m.rounds.append(runs)
+        loads.append(os.getloadavg()[0])
         print(f"round {r + 1}/{s.rounds}: " + ", ".join(
-            f"{m.contender.key} {fmt(round_fps(m.rounds[-1]))}" for m in measured), flush=True)
+            f"{m.contender.key} {fmt(round_fps(m.rounds[-1]))}" for m in measured) + f" fps; load {loads[-1]:.2f}",
+            flush=True)
+    return loads
 
 
 def round_fps(runs: dict[str, Run]) -> float | None:
@@ -416,6 +425,10 @@ def print_results(result: dict) -> None:
           f"{s['batch_size']}; {result['machine']['cores']} cores ({result['machine']['cpu']}); {s['rounds']} rounds; "
           f"load average {result['load_average']['start'][0]:.2f} at the start, {result['load_average']['end'][0]:.2f} "
           f"at the end")
+    if result["load_average"]["start"][0] > BUSY_LOAD_AVERAGE:
+        print(f"note: the load average was {result['load_average']['start'][0]:.2f} before the first run: other work "
+              "shares these cores, so the figures are noisy (multi-threaded torch, the sequential detector's and the "
+              "bare loop's, suffers most)")
     print("fps = (frames_long - frames_short) / (wall_long - wall_short) of each whole command; median of rounds "
           "[min .. max]; fixed s = start-up + shut-down; own fps = the tool's own figure (long runs)\n")
     print(f"{'contender':40s} {'frames':>11s} {'fps':>8s} {'[min .. max]':>17s} {'fixed s':>8s} {'own fps':>8s}")
@@ -454,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         cs = contenders(s, frames_dir)
         print(f"first runs over the {s.frames}-file frame set (untimed: caches, run lengths, availability):")
         measured, unavailable = probe(cs, s)
-        measure_rounds(measured, s)
+        round_loads = measure_rounds(measured, s)
     except CommandFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -466,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": "fps = (frames_long - frames_short) / (wall_long - wall_short), wall clock of each whole command, "
                   "median over interleaved rounds; ratios are medians of per-round ratios",
         "machine": machine(),
-        "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
+        "load_average": {"start": list(load_start), "after_each_round": round_loads, "end": list(os.getloadavg())},
         "contenders": {c.key: contender_result(by_key[c.key], s) if c.key in by_key else
                        {"label": c.label, "available": False, "reason": unavailable[c.key]} for c in cs},
         "ratios": ratios(measured, unavailable, s),
