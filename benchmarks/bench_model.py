@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -35,6 +33,8 @@ from yolo.devices import resolve_device  # noqa: E402
 from yolo.letterbox import letterbox_shape  # noqa: E402
 from yolo.model import YOLOv5, decode_inplace, decode_outplace  # noqa: E402
 from yolo.timing import instrument  # noqa: E402
+
+from interleave import paired_ratio, round_robin  # noqa: E402  (benchmarks/: this script's folder)
 
 DEFAULT_WEIGHTS = REPO_ROOT.parent / "shared" / "fixtures" / "yolov5n.pt"
 RECT_SOURCE_HW = (1080, 810)  # bus.jpg's shape: a 640x480 input in --rect mode
@@ -62,23 +62,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def round_robin(variants: dict[str, Callable[[], object]], rounds: int, warmup: int,
-                sync: Callable[[], None]) -> dict[str, np.ndarray]:
-    """Milliseconds of each variant per measured round; the order rotates every round."""
-    names = list(variants)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            sync()
-            t0 = time.perf_counter()
-            variants[name]()
-            sync()
-            if r >= warmup:
-                times[name].append((time.perf_counter() - t0) * 1e3)
-    return {n: np.asarray(t) for n, t in times.items()}
-
-
 def capture_head_maps(model: YOLOv5, x: torch.Tensor):
     """The Detect head's reshaped conv outputs for ``x``, with their grids: decode inputs."""
     detect = model.detect
@@ -94,12 +77,6 @@ def capture_head_maps(model: YOLOv5, x: torch.Tensor):
         b, _, ny, nx = y.shape
         maps.append(y.view(b, detect.na, detect.no, ny, nx))  # [B, na, no, ny, nx]
     return maps, detect._grids(maps)
-
-
-def paired_ratio(a: np.ndarray, b: np.ndarray) -> float:
-    """Median over rounds of a / b: both ran in the same round, so slow drifts of the machine
-    cancel out."""
-    return float(np.median(a / b))
 
 
 def iqr(t: np.ndarray) -> str:
