@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from supervisor.processes import stop_helper_processes
+from supervisor.processes import start_fork_server, stop_helper_processes
 from supervisor.run import EXIT_USAGE, Outcome, UsageError, run_pipeline
 from workers.config import ConfigError, build_config, read_toml
 
@@ -83,10 +83,9 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
     return ns.pop("config"), ns
 
 
-def prepare(config_path: str, overrides: dict):
-    """The checked configuration, machine, class names and frame plan; ConfigError names what is bad."""
+def prepare(cfg):
+    """The resolved configuration, machine, class names and frame plan; ConfigError names what is bad."""
     from supervisor.prepare import check_results_dir, check_run_name, plan_source, resolve
-    cfg = build_config(read_toml(config_path), overrides)
     cfg, machine, names = resolve(cfg)
     check_results_dir(cfg.results)
     check_run_name(cfg.results, cfg.name, cfg.exist_ok)
@@ -100,12 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     if "--json" in (argv if argv is not None else sys.argv[1:]):
         logging.getLogger().handlers[0].setStream(sys.stderr)  # stdout holds only the JSON summary
     try:
-        cfg, machine, names, plan = prepare(config_path, overrides)
+        cfg = build_config(read_toml(config_path), overrides)
+        start_fork_server()  # torch imports there while the rest is checked here
+        cfg, machine, names, plan = prepare(cfg)
     except (ConfigError, ValueError) as exc:
         log.error("error: %s", exc)
+        stop_helper_processes(wait=False)
         return EXIT_USAGE
     except KeyboardInterrupt:
         log.error("interrupted before the run started")
+        stop_helper_processes(wait=False)
         return 130
     if not cfg.weights and cfg.preset != "none":
         log.warning("no --weights: using a random-weight %s; timings are valid, detections are meaningless",

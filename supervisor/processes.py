@@ -38,6 +38,14 @@ def role_of(name: str) -> str:
     return name.rsplit("-", 1)[0] if name != "collector" else "collector"
 
 
+def start_fork_server() -> None:
+    """Start the fork server (idempotent): it imports torch, in its own process, while the runner
+    goes on checking the configuration and the lean processes start."""
+    mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    with quiet_children():
+        multiprocessing.forkserver.ensure_running()
+
+
 class Launcher:
     """Starts and restarts named stage processes from a template of their arguments."""
 
@@ -46,14 +54,11 @@ class Launcher:
         self.collector_extra = collector_extra
         self.spawn = mp.get_context("spawn")
         self.forked = mp.get_context("forkserver")
-        self.forked.set_forkserver_preload(FORKSERVER_PRELOAD)
         self.processes: dict[str, mp.process.BaseProcess] = {}
         self.incarnations: dict[str, int] = {}
 
     def warm_up(self) -> None:
-        """Start the fork server now: it imports torch while the lean processes start."""
-        with quiet_children():
-            multiprocessing.forkserver.ensure_running()
+        start_fork_server()
 
     def start(self, name: str, device: str = "cpu", torch_threads: int = 1, start_position: int = 0) -> None:
         role = role_of(name)
@@ -108,12 +113,15 @@ class Launcher:
         return killed
 
 
-def stop_helper_processes() -> None:
-    """Stop and reap multiprocessing's fork server and resource tracker. They would end with the
-    runner anyway; reaping them here also hands their CPU time, and that of the workers the fork
-    server reaped, to the OS's accounting of the runner (what `time` and rusage report). Uses the
-    private ``_stop`` methods that CPython's own tests use; on a Python without them, nothing."""
+def stop_helper_processes(wait: bool = True) -> None:
+    """Stop multiprocessing's fork server and resource tracker. They would end with the runner
+    anyway; reaping them (``wait``) also hands their CPU time, and that of the workers the fork
+    server reaped, to the OS's accounting of the runner (what `time` and rusage report). Without
+    ``wait`` (a run that never started) the fork server ends by itself once its imports are done.
+    Uses the private ``_stop`` methods that CPython's own tests use; without them, nothing."""
     import multiprocessing.resource_tracker as tracker
+    if not wait:
+        return
     for helper in (getattr(multiprocessing.forkserver, "_forkserver", None),
                    getattr(tracker, "_resource_tracker", None)):
         stop = getattr(helper, "_stop", None)
