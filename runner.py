@@ -20,9 +20,13 @@ import os
 import sys
 import time
 
-from supervisor.processes import start_fork_server, stop_helper_processes
-from supervisor.run import EXIT_USAGE, Outcome, UsageError, run_pipeline
-from workers.config import ConfigError, build_config, read_toml
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from supervisor.run import Outcome
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.toml")
 
@@ -96,6 +100,11 @@ def prepare(cfg):
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Imported here, not at the top: a Ctrl-C during these imports is then one line (see the
+    # end of this file), and spawned children that re-import this script stay light.
+    from supervisor.processes import start_fork_server, stop_helper_processes
+    from supervisor.run import UsageError, run_pipeline
+    from workers.config import ConfigError, build_config, read_toml
     started_s = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config_path, overrides = parse_args(argv)
@@ -112,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.error("interrupted before the run started")
         stop_helper_processes(wait=False)
-        return 130
+        return EXIT_INTERRUPTED
     if not cfg.weights and cfg.preset != "none":
         log.warning("no --weights: using a random-weight %s; timings are valid, detections are meaningless",
                     cfg.preset)
@@ -153,4 +162,8 @@ def print_outcome(outcome: Outcome, as_json: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before main could take over Ctrl-C (its own imports)
+        print("interrupted before the run started", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

@@ -121,6 +121,7 @@ def stop_helper_processes(wait: bool = True) -> None:
     Uses the private ``_stop`` methods that CPython's own tests use; without them, nothing."""
     import multiprocessing.resource_tracker as tracker
     if not wait:
+        _kill_fork_server()
         return
     for helper in (getattr(multiprocessing.forkserver, "_forkserver", None),
                    getattr(tracker, "_resource_tracker", None)):
@@ -131,3 +132,18 @@ def stop_helper_processes(wait: bool = True) -> None:
             stop()
         except (OSError, ChildProcessError):
             pass
+
+
+def _kill_fork_server() -> None:
+    """A run that never started: the fork server, still importing torch, has no children yet;
+    end it now rather than let it finish its imports after the runner has gone."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+    server._forkserver_pid = None
