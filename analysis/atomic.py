@@ -27,3 +27,75 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+class JsonListFile:
+    """A JSON list written one record at a time, so a long run never holds its records in
+    memory; like :func:`write_bytes_atomic`, the target appears only once :meth:`finish` has
+    written it whole. A record that is not plain JSON is skipped and counted, a write error
+    (disk full) stops the file and is kept in ``error``."""
+
+    def __init__(self, path: str, encode):
+        self.path, self.encode = path, encode
+        self.records = self.skipped = 0
+        self.error: str | None = None
+        folder, name = os.path.split(os.path.abspath(path))
+        self._temporary = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+        self._file = None
+        self._guard(self._open)
+
+    def _open(self) -> None:
+        self._file = open(self._temporary, "x", encoding="utf-8")
+        self._file.write("[")
+
+    def extend(self, records) -> None:
+        if self._file is None:
+            return
+        lines = []
+        for record in records:
+            try:
+                lines.append(self.encode(record))
+            except (ValueError, TypeError):
+                self.skipped += 1
+        if lines:
+            separator = "," if self.records else ""
+            self.records += len(lines)
+            self._guard(lambda: self._file.write(separator + "\n" + ",\n".join(lines)))
+
+    def finish(self) -> bool:
+        """Close and rename into place; False (and ``error`` set) when the file could not be written."""
+        if self._file is None:
+            return False
+
+        def close_and_rename():
+            self._file.write("\n]\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._temporary, self.path)
+        self._guard(close_and_rename)
+        self._file = None
+        return self.error is None
+
+    def abandon(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass  # the buffered tail could not be flushed: the file is removed anyway
+        _remove(self._temporary)
+
+    def _guard(self, write) -> None:
+        try:
+            write()
+        except OSError as exc:
+            self.error = f"{exc.strerror or exc} ({exc.__class__.__name__})"
+            self.abandon()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -55,8 +55,10 @@ def write_run_folder(run_dir: str, run: RunData) -> dict:
     files: list[tuple[str, Callable[[], bytes]]] = [
         ("report.json", lambda: json_text(report, indent=1).encode()),
         ("report.md", lambda: markdown(report).encode()),
-        ("detections.json", lambda: json_text(run.detections, indent=1).encode()),
-        ("predictions.json", lambda: json_text(run.predictions).encode()),
+        *((("detections.json", lambda: json_text(run.detections, indent=1).encode()),) if run.detections is not None
+          else ()),
+        *((("predictions.json", lambda: json_text(run.predictions).encode()),) if run.predictions is not None
+          else ()),
         ("modules.csv", lambda: modules_csv(run.module_rows).encode()),
         *((name, lambda data=data: data) for name, data in plots.items()),
         ("trace.json", lambda: json_text(trace_events(run)).encode())]

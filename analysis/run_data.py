@@ -36,7 +36,7 @@ class RunData:
     finished_s: float
     frames: list[dict]
     failed: list[dict]
-    detections: list[dict]
+    detections: list[dict] | None  # None: written already, as the run went (the collector streams it)
     workers: list[dict]
     links: dict
     module_rows: list[dict]
@@ -50,6 +50,6 @@ class RunData:
     stop: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
     duplicates: int = 0  # results for a frame already accounted (sent again after a worker died), dropped
-    predictions: list[dict] = field(default_factory=list)  # COCO results format, first pass of each image
+    predictions: list[dict] | None = field(default_factory=list)  # COCO results, first pass of each image; None: as detections
     sources: dict = field(default_factory=dict)
-    machine_cpu: list = field(default_factory=list)  # [[t_s, busy core-seconds of the whole machine]]  # streams (dropped at source, reconnects), stream errors, videos
+    machine_cpu: list = field(default_factory=list)  # [[t_s, busy core-seconds of the whole machine]]

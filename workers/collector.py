@@ -35,8 +35,11 @@ class Collected:
         self.args, self.log = args, log
         self.ledger = Ledger(args.plan)
         self.expected = Expected(list(expected_workers))
-        self.detections: list[dict] = []
-        self.predictions: list[dict] = []
+        from analysis.atomic import JsonListFile
+        from analysis.report import json_text
+        # Written as they arrive, not held: a long run's collector keeps only the ledger's rows.
+        self.detections = JsonListFile(os.path.join(args.run_dir, "detections.json"), json_text)
+        self.predictions = JsonListFile(os.path.join(args.run_dir, "predictions.json"), json_text)
         self.image_error: str | None = None
         self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every)
         self.views = SlotViews(args.run_tag)
@@ -57,7 +60,8 @@ class Collected:
         new = self.ledger.add_result(header)
         if new:
             self.detections.extend(header["detections"])
-            self.predictions.extend(header.get("predictions") or ())
+            if isinstance(header.get("predictions"), list):
+                self.predictions.extend(header["predictions"])
             if header.get("image_error") and self.image_error is None:
                 self.image_error = header["image_error"]
                 self.log.error("%s", self.image_error)
@@ -71,7 +75,22 @@ class Collected:
         self.videos.add(header["name"], header.get("cycle") or 0, header["video"], header.get("draw") or [],
                         lambda: self.views.array(orig, arrays), release)
 
+    def finish_outputs(self) -> tuple[list[str], dict[str, str]]:
+        """Close detections.json and predictions.json: (written, {name: error})."""
+        written, failed = [], {}
+        for output in (self.detections, self.predictions):
+            name = os.path.basename(output.path)
+            if output.skipped:
+                self.log.error("%s: %d records were not plain JSON and were left out", name, output.skipped)
+            if output.finish():
+                written.append(name)
+            else:
+                failed[name] = output.error or "not written"
+        return written, failed
+
     def close(self) -> None:
+        self.detections.abandon()
+        self.predictions.abandon()
         self.views.close()
         self.returns.close()
 
@@ -156,7 +175,7 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
                            "torch_loaded": "torch" in sys.modules}
         run_data = _run_data(args, collected, collector_stats, runner_started_s, finished_s, control, sampler,
                              machine, videos)
-        summary, written, write_error = _write_run_folder(args.run_dir, run_data)
+        summary, written, write_error = _write_run_folder(args.run_dir, run_data, *collected.finish_outputs())
         log.info("run folder written in %.2f s", time.perf_counter() - finished_s)
         send_message(progress_out, {"type": FINISHED, "summary": summary, "written": written,
                                     "write_error": write_error,
@@ -234,23 +253,26 @@ def _run_data(args, collected: Collected, collector_stats, runner_started_s, fin
         run_id=os.path.basename(args.run_dir), config=config,
         environment=environment(cfg, workers, first_read - runner_started_s),
         frames_in=ledger.frames_in, warmup=cfg.warmup, started_s=first_read, finished_s=finished_s, frames=frames,
-        failed=[ledger.failed[i] for i in sorted(ledger.failed)], detections=collected.detections, workers=workers,
+        failed=[ledger.failed[i] for i in sorted(ledger.failed)], detections=None, workers=workers,
         links=links, module_rows=[r.as_dict() for r in aggregate(exports)] if exports else [],
         forward=forward_stats(exports), module_spans=spans, resources=sampler.export(), restarts=restarts,
         cancelled=[ledger.cancelled[i] for i in sorted(ledger.cancelled)], machine=machine,
         stop={"reason": control.stop_reason or control.drain_reason, "signal": None},
         outputs={"images_saved": sum(w.get("images_saved", 0) for w in workers),
                  "image_error": collected.image_error or collected.videos.error},
-        duplicates=ledger.duplicates, predictions=collected.predictions, sources=sources,
+        duplicates=ledger.duplicates, predictions=None, sources=sources,
         machine_cpu=sampler.machine_cpu)
     return RunData(**fields)
 
 
-def _write_run_folder(run_dir: str, run_data) -> tuple[dict, list[str], str | None]:
-    """(summary, files written, the first write error); a disk-full folder still gives a summary."""
+def _write_run_folder(run_dir: str, run_data, streamed: list[str], streamed_failed: dict[str, str]
+                      ) -> tuple[dict, list[str], str | None]:
+    """(summary, files written, the first write error); a disk-full folder still gives a summary.
+    ``streamed`` and ``streamed_failed``: the files the collector wrote as the run went."""
     from analysis.report import write_run_folder
     summary = write_run_folder(run_dir, run_data)
     files = summary.pop("files", {"written": [], "failed": {}})
-    failed = files.get("failed") or {}
+    failed = {**streamed_failed, **(files.get("failed") or {})}
+    files["written"] = list(files.get("written") or ()) + streamed
     error = next((f"{name}: {reason}" for name, reason in failed.items()), None)
     return summary, list(files.get("written") or ()), error

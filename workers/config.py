@@ -26,6 +26,9 @@ TIMING_MODES = ("auto", "cpu", "cuda-sync", "cuda-events")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+MAX_FRAMES = 100_000_000  # the collector keeps a byte per frame id; use --duration for longer runs
+
+
 class ConfigError(ValueError):
     """A bad configuration key or value; the message names it."""
 
@@ -91,7 +94,7 @@ class RunConfig:
         _check(self.max_det > 0, "max_det", "> 0", self.max_det)
         _check(all(isinstance(c, int) and c >= 0 for c in self.classes), "classes", "class ids >= 0",
                list(self.classes))
-        _check(self.frames >= 0, "frames", ">= 0 (0 = one pass)", self.frames)
+        _check(0 <= self.frames <= MAX_FRAMES, "frames", f"between 0 (one pass) and {MAX_FRAMES}", self.frames)
         _check(self.warmup >= 0, "warmup", ">= 0", self.warmup)
         _check(self.duration >= 0, "duration", ">= 0 seconds (0 = off)", self.duration)
         _check(self.vid_stride >= 1, "vid_stride", ">= 1", self.vid_stride)

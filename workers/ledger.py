@@ -8,25 +8,79 @@ who held it (from the senders' in-flight ledgers) or that it never started.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 FRAME_TIMES = ("read_start", "read_end", "pre_end", "infer_recv", "infer_start", "infer_end", "post_start", "post_end")
+UNSEEN, PROCESSED, FAILED = 0, 1, 2
+OPEN_ID_SLACK = 1 << 20  # an open-ended plan's ids grow one by one: a jump past this is not a frame of the run
+
+
+class ProcessedFrames:
+    """One row per processed frame, kept in typed arrays (about 90 bytes a frame, where a dict
+    per frame took about 1 KB) so that a long run's collector stays flat; ``dicts()`` rebuilds the
+    report's frame dicts at the end. A frame's name is the plan's and is only stored when it is not."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.ids = array("q")
+        self.times = array("d")
+        self.batch = array("I")
+        self.detections = array("I")
+        self.flags = array("B")  # bit 0: image saved, bit 1: cold forward
+        self.worker_sets = array("I")
+        self._worker_set_index: dict[tuple, int] = {}
+        self._names: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, result: dict) -> None:
+        frame_id, t = result["id"], result["t"]
+        workers = result.get("workers") or {}
+        triple = (workers.get("pre"), workers.get("infer"), workers.get("post"))
+        self.ids.append(frame_id)
+        self.times.extend(float(t.get(k, 0.0)) for k in FRAME_TIMES)
+        self.batch.append(int(result["batch"]))
+        self.detections.append(len(result["detections"]))
+        self.flags.append(bool(result["image_saved"]) | bool(result["cold"]) << 1)
+        self.worker_sets.append(self._worker_set_index.setdefault(triple, len(self._worker_set_index)))
+        if frame_id >= self.plan.planned or self.plan.ref(frame_id).name != result["name"]:
+            self._names[frame_id] = result["name"]
+
+    def dicts(self) -> list[dict]:
+        """The frames as dicts (see ``analysis.run_data.RunData.frames``), by id."""
+        worker_sets = list(self._worker_set_index)
+        width = len(FRAME_TIMES)
+        rows = sorted(range(len(self.ids)), key=self.ids.__getitem__)
+        frames = []
+        for row in rows:
+            frame_id = self.ids[row]
+            pre, infer, post = worker_sets[self.worker_sets[row]]
+            name = self._names.get(frame_id) or self.plan.ref(frame_id).name
+            frames.append({"id": frame_id, "name": name, "workers": {"pre": pre, "infer": infer, "post": post},
+                           "t": dict(zip(FRAME_TIMES, self.times[row * width:(row + 1) * width])),
+                           "batch": self.batch[row], "detections": self.detections[row],
+                           "image_saved": bool(self.flags[row] & 1), "cold": bool(self.flags[row] & 2)})
+        return frames
 
 
 class Ledger:
     def __init__(self, plan):
         self.plan = plan
-        self.processed: dict[int, tuple] = {}  # id -> compact record (see _compact)
+        self.processed = ProcessedFrames(plan)
         self.failed: dict[int, dict] = {}
         self.cancelled: dict[int, dict] = {}
         self.duplicates = 0
         self.out_of_plan = 0
         self.frames_in: int | None = plan.total  # known now for a finite plan; counted at the end otherwise
+        self._state = bytearray(plan.planned)  # UNSEEN, PROCESSED or FAILED by frame id
 
     def add_result(self, result: dict) -> bool:
         if not self._is_new(result["id"]):
             return False
-        self.processed[result["id"]] = _compact(result)
+        self.processed.add(result)
+        self._state[result["id"]] = PROCESSED
         return True
 
     def add_failure(self, failure: dict) -> bool:
@@ -34,16 +88,31 @@ class Ledger:
             return False
         self.failed[failure["id"]] = {k: failure[k] for k in ("id", "name", "stage", "worker", "reason")} | {
             "kind": "failed"}
+        self._state[failure["id"]] = FAILED
         return True
 
     def _is_new(self, frame_id: int) -> bool:
-        if frame_id < 0 or (not self.plan.open_ended and frame_id >= self.plan.total):
+        if frame_id < 0 or frame_id >= self._grow_to(frame_id):
             self.out_of_plan += 1
             return False
-        if frame_id in self.processed or frame_id in self.failed:
+        if self._state[frame_id] != UNSEEN:
             self.duplicates += 1
             return False
         return True
+
+    def _grow_to(self, frame_id: int) -> int:
+        """The number of ids this run can have, grown to hold ``frame_id`` when the plan is open-ended."""
+        state = self._state
+        if self.plan.open_ended and len(state) <= frame_id < len(state) + OPEN_ID_SLACK:
+            state.extend(bytes(max(frame_id + 1 - len(state), len(state) // 2, 1024)))
+        return len(state) if self.plan.open_ended else self.plan.total
+
+    def has(self, frame_id: int) -> bool:
+        """Whether ``frame_id`` was processed or failed."""
+        return 0 <= frame_id < len(self._state) and self._state[frame_id] != UNSEEN
+
+    def reported_ids(self) -> set[int]:
+        return {i for i, state in enumerate(self._state) if state != UNSEEN}
 
     def done(self) -> int:
         return len(self.processed) + len(self.failed)
@@ -56,22 +125,7 @@ class Ledger:
         self.cancelled[frame_id] = {"id": frame_id, "name": name}
 
     def frames(self) -> list[dict]:
-        return [_frame_dict(i, self.processed[i]) for i in sorted(self.processed)]
-
-
-def _compact(result: dict) -> tuple:
-    t = result["t"]
-    workers = result.get("workers") or {}
-    return (result["name"], workers.get("pre"), workers.get("infer"), workers.get("post"),
-            tuple(float(t.get(k, 0.0)) for k in FRAME_TIMES), int(result["batch"]), len(result["detections"]),
-            bool(result["image_saved"]), bool(result["cold"]))
-
-
-def _frame_dict(frame_id: int, record: tuple) -> dict:
-    name, pre, infer, post, times, batch, detections, saved, cold = record
-    return {"id": frame_id, "name": name, "workers": {"pre": pre, "infer": infer, "post": post},
-            "t": dict(zip(FRAME_TIMES, times)), "batch": batch, "detections": detections, "image_saved": saved,
-            "cold": cold}
+        return self.processed.dicts()
 
 
 @dataclass
@@ -132,7 +186,7 @@ def account_missing(ledger: Ledger, expected: Expected, stop_reason: str | None,
     the frames started."""
     plan = ledger.plan
     started = started_ids(plan, expected)
-    reported = set(ledger.processed) | set(ledger.failed)
+    reported = ledger.reported_ids()
     if started is None:
         started = reported | (set(range(plan.total)) if not plan.open_ended else set())
     started |= reported
