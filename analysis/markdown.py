@@ -87,11 +87,11 @@ def incident_lines(report: dict) -> list[str]:
                         [[r["name"], str(r["incarnation"]), str(r.get("signal") or ""), str(r.get("exit_code", "")),
                           _f(r.get("at_s"), 2), str(r.get("frames_resent", ""))] for r in report["restarts"]])
         lines.append("")
-    cancelled = report["frames"]["cancelled_frames"]
-    if cancelled:
+    cancelled, count = report["frames"]["cancelled_frames"], report["frames"]["cancelled"]
+    if count:
         names = ", ".join(c["name"] for c in cancelled[:LISTED_FAILURES])
-        more = f" and {len(cancelled) - LISTED_FAILURES} more" if len(cancelled) > LISTED_FAILURES else ""
-        lines += ["## Cancelled frames", "", f"{len(cancelled)} frames never started because the run stopped: "
+        more = f" and {count - LISTED_FAILURES} more" if count > LISTED_FAILURES else ""
+        lines += ["## Cancelled frames", "", f"{count} frames never started because the run stopped: "
                   f"{names}{more}.", ""]
     if report["dropped_messages"]:
         lines += ["## Dropped messages", ""]

@@ -36,6 +36,7 @@ FRAME_TIMESTAMPS = ("read_start", "pre_end", "infer_start", "infer_end", "post_s
 STAGE_INTERVALS = {"pre": ("read_start", "pre_end"), "queue_pre_infer": ("pre_end", "infer_start"),
                    "infer": ("infer_start", "infer_end"), "queue_infer_post": ("infer_end", "post_start"),
                    "post": ("post_start", "post_end")}
+LISTED_CANCELLED = 100  # cancelled frames named in report.json; every id is in cancelled_ids
 MODULES_CSV_HEADER = ("name", "type", "params", "input_shape", "calls", "total_ms", "mean_ms", "p50_ms", "p95_ms",
                       "share", "outermost")
 
@@ -165,7 +166,19 @@ def frames_report(run: RunData, measured: int) -> dict:
             "cold": sum(1 for f in run.frames if f.get("cold")), "measured": measured,
             "accounted": run.frames_in == len(run.frames) + len(run.failed) + len(run.cancelled),
             "duplicates_dropped": run.duplicates,
-            "failures": run.failed, "cancelled_frames": run.cancelled}
+            "failures": run.failed, "cancelled_frames": run.cancelled[:LISTED_CANCELLED],
+            "cancelled_ids": id_ranges(c["id"] for c in run.cancelled)}
+
+
+def id_ranges(ids) -> list[list[int]]:
+    """Sorted ids as inclusive ``[first, last]`` runs of consecutive ids (a stop cancels thousands)."""
+    ranges: list[list[int]] = []
+    for frame_id in sorted(ids):
+        if ranges and frame_id == ranges[-1][1] + 1:
+            ranges[-1][1] = frame_id
+        else:
+            ranges.append([frame_id, frame_id])
+    return ranges
 
 
 def throughput_report(run: RunData, window) -> dict:

@@ -101,7 +101,7 @@ class Watch:
         if self.phase in ("draining", "stopping") and now - self.last_notice_s > NOTICE_RESEND_S:
             notice = {"type": DRAIN, "reason": self.reason, "cancel": not self.duration_ended} \
                 if self.phase == "draining" else {"type": STOP, "reason": self.reason}
-            self.broadcast(notice)
+            self.broadcast({**notice, "signal": self.interrupts.first()})
             self.last_notice_s = now
 
     # -- deaths, hangs, signals ----------------------------------------------------------------------

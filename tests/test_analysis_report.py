@@ -258,3 +258,9 @@ def test_analysis_does_not_import_torch(tmp_path):
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_cancelled_ids_are_listed_as_ranges():
+    from analysis.report import id_ranges
+    assert id_ranges([7, 3, 4, 5, 9, 10]) == [[3, 5], [7, 7], [9, 10]]
+    assert id_ranges([]) == []

@@ -257,7 +257,7 @@ def _run_data(args, collected: Collected, collector_stats, runner_started_s, fin
         links=links, module_rows=[r.as_dict() for r in aggregate(exports)] if exports else [],
         forward=forward_stats(exports), module_spans=spans, resources=sampler.export(), restarts=restarts,
         cancelled=[ledger.cancelled[i] for i in sorted(ledger.cancelled)], machine=machine,
-        stop={"reason": control.stop_reason or control.drain_reason, "signal": None},
+        stop={"reason": control.stop_reason or control.drain_reason, "signal": control.signal},
         outputs={"images_saved": sum(w.get("images_saved", 0) for w in workers),
                  "image_error": collected.image_error or collected.videos.error},
         duplicates=ledger.duplicates, predictions=None, sources=sources,

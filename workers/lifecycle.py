@@ -165,6 +165,7 @@ class Control:
         self.drain_reason: str | None = None
         self.drain_cancels = True  # frames never read count as cancelled (not after --duration)
         self.gone: list[dict] = []  # peer-gone notices not yet applied by the stage
+        self.signal: str | None = None  # the signal that stopped the run (SIGINT, SIGTERM), if one did
 
     def check(self) -> bool:
         """Read pending notices without waiting; True if the stage should stop now."""
@@ -178,6 +179,7 @@ class Control:
         except ProtocolError as exc:
             self.drops.note(exc, "control")
             return
+        self.signal = self.signal or header.get("signal")
         if header["type"] == STOP:
             self.stop_reason = self.stop_reason or header["reason"]
         elif header["type"] == DRAIN:

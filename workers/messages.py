@@ -51,8 +51,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
                 "signal": "?str"},
     PROGRESS: {"processed": INT, "failed": INT},
     FINISHED: {"summary": DICT, "written": LIST, "write_error": "?str"},
-    DRAIN: {"reason": STR, "cancel": "?bool"},
-    STOP: {"reason": STR},
+    DRAIN: {"reason": STR, "cancel": "?bool", "signal": "?str"},
+    STOP: {"reason": STR, "signal": "?str"},
     PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR},
 }
 # What a stage reads in a frame, beyond the link's fields: checked by the receiving stage.
