@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger().handlers[0].setStream(sys.stderr)  # stdout holds only the JSON summary
     try:
         cfg = build_config(read_toml(config_path), overrides)
+        logging.getLogger().setLevel(cfg.log_level.upper())
         start_fork_server()  # torch imports there while the rest is checked here
         cfg, machine, names, plan = prepare(cfg)
     except (ConfigError, ValueError) as exc:
@@ -152,7 +153,8 @@ def print_outcome(outcome: Outcome, as_json: bool) -> None:
     if as_json:
         from analysis.report import json_summary
         print(json.dumps(json_summary(outcome.summary or {}, exit_code=outcome.exit_code, reason=outcome.reason,
-                                      run_dir=outcome.run_dir, report_written=outcome.report_written)))
+                                      run_dir=outcome.run_dir, report_written=outcome.report_written,
+                                      runner_dropped_messages=outcome.dropped_messages)))
     elif outcome.summary:
         from analysis.terminal import format_summary
         print(format_summary(outcome.summary))

@@ -60,6 +60,7 @@ class Outcome:
     reason: str | None = None
     report_written: bool = False
     restarts: list = field(default_factory=list)
+    dropped_messages: dict = field(default_factory=dict)  # {"kind": count} the runner itself dropped
 
 
 class Watch:
@@ -83,6 +84,7 @@ class Watch:
         self.last_done, self.last_change_s = -1, time.perf_counter()
         self.first_frame_s: float | None = None
         self.duration_ended = False  # a --duration run: frames never read are not counted
+        self.drops = DropCounter(log)  # messages the runner refused (bad token, schema, size)
 
     # -- notices to every process ------------------------------------------------------------------
     def broadcast(self, header: dict) -> None:
@@ -209,7 +211,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     file_log = logging.FileHandler(log_path, encoding="utf-8")
     file_log.setFormatter(logging.Formatter(LOG_FORMAT))
     console = Console(show_progress, plan.total, log_path)
-    console_log = ConsoleHandler(console)
+    console_log = ConsoleHandler(console, level=logging.getLogger().getEffectiveLevel())
     root = logging.getLogger()
     saved_handlers = root.handlers[:]
     root.handlers = [file_log, console_log]
@@ -294,7 +296,7 @@ def _send_quietly(socket, header: dict, token: bytes) -> None:
 
 
 def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console) -> None:
-    drops = DropCounter(log)
+    drops = watch.drops
     poller = zmq.Poller()
     poller.register(progress_in, zmq.POLLIN)
     poller.register(health_in, zmq.POLLIN)
@@ -355,7 +357,8 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
     if report_written:
         point_latest(run_dir)
     summary = (finished or {}).get("summary") or None
-    outcome = Outcome(EXIT_OK, run_dir, summary, watch.reason, report_written, watch.restart_log)
+    outcome = Outcome(EXIT_OK, run_dir, summary, watch.reason, report_written, watch.restart_log,
+                      dict(watch.drops.counts))
     if interrupts.count:
         outcome.exit_code = interrupts.exit_code() or EXIT_ABORTED
         if finished is None and not report_written:
