@@ -218,7 +218,8 @@ def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move 
     for role in idle:
         moves.append(_shrink(s, _worker_field(role), f"cores saturated and {_stage_name(role)} busy only "
                                                      f"{100 * _util(m, role):.0f} %: one process fewer to share them"))
-    if not machine.on_cuda and s.infer_workers > 1:
+    if not machine.on_cuda and s.infer_workers > 1 and (s.infer_workers - 1) * (s.infer_threads + 1) <= min(
+            s.infer_workers * s.infer_threads, machine.cores):
         trade = dataclasses.replace(s, infer_workers=s.infer_workers - 1, infer_threads=s.infer_threads + 1)
         moves.append(Move(("infer_threads", +1), trade, "cores saturated: one inference process fewer, "
                                                         "one torch thread more each (same threads in all)"))

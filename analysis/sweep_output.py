@@ -42,7 +42,7 @@ def sweep_csv(result: SweepResult) -> str:
 
 def flag_tokens(key: str, value) -> list[str]:
     """The runner's flag for a configuration value: ``--batch-size 4``, ``--square``, ``--classes 0 2``."""
-    if (key, value) in NEGATED_FLAGS:
+    if isinstance(value, bool) and (key, value) in NEGATED_FLAGS:
         return [NEGATED_FLAGS[key, value]]
     flag = "--" + key.replace("_", "-")
     if value is True:

@@ -67,6 +67,7 @@ def _trial_path(axes, result: SweepResult) -> None:
     failed = [t.index for t in result.trials if t.fps is None]
     if failed:
         axes.scatter(failed, [0] * len(failed), marker="x", color="tab:red", label="failed", zorder=3)
+    axes.xaxis.get_major_locator().set_params(integer=True)
     axes.set(xlabel="trial (in the order run)", ylabel="fps (measured window)",
              title=f"{len(result.trials)} trials in {result.elapsed_s:.0f} s of a {result.budget_s:.0f} s budget")
     axes.legend(loc="lower right", fontsize="small")
@@ -80,12 +81,15 @@ def _settings_bars(axes, result: SweepResult) -> None:
     means = [mean_fps(result.trials, s) for s in tried]
     colours = [BEST_COLOUR if s == result.best else "tab:gray" if s == result.defaults else "tab:blue" for s in tried]
     axes.barh(range(len(tried)), means, color=colours, alpha=0.8)
+    counts = []
     for row, settings in enumerate(tried):
         values = [t.fps for t in result.trials if t.settings == settings and t.fps is not None]
+        counts.append(len(values))
         axes.scatter(values, [row] * len(values), color="black", s=12, zorder=3)
-        axes.text(means[row], row, f" {means[row]:.1f}", va="center", fontsize="small")
-    labels = [s.label() + (" (defaults)" if s == result.defaults else "") + (" (best)" if s == result.best else "")
-              for s in tried]
+        axes.text(max(values), row, f"  {means[row]:.1f}", va="center", fontsize="small")
+    labels = [s.label() + (" defaults" if s == result.defaults else "") + (" BEST" if s == result.best else "")
+              + f" ({n} trial{'s' if n > 1 else ''})" for s, n in zip(tried, counts)]
     axes.set_yticks(range(len(tried)), labels, fontsize="small")
-    axes.set(xlabel="fps: mean over the settings' trials (dots: each trial)",
+    axes.set_xlim(0, 1.12 * max(t.fps for t in result.trials if t.fps is not None))
+    axes.set(xlabel="fps: mean over the settings' trials (dots: each trial; one trial is unconfirmed)",
              title="settings (pre / infer x threads / post, batch)")
