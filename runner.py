@@ -110,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     # end of this file), and spawned children that re-import this script stay light.
     from supervisor.processes import start_fork_server, stop_helper_processes
     from supervisor.run import UsageError, run_pipeline
+    from analysis.sweep_run import run_sweep, sweep_request
     from workers.config import ConfigError, build_config, read_toml
     started_s = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from analysis.sweep_run import run_sweep, sweep_request
     config_path, overrides = parse_args(argv)
     sweep_flags = {key: overrides.pop(key) for key in SWEEP_FLAGS}
     if "--json" in (argv if argv is not None else sys.argv[1:]):

@@ -168,8 +168,8 @@ def _save_config(request: SweepRequest, run_flags: dict, result: SweepResult, sw
 
 
 def _write_files(sweep_dir: str, result: SweepResult, summary: dict, failed: dict) -> None:
-    files = {"sweep.json": lambda: json.dumps(summary, indent=1).encode(), "sweep.csv": lambda: sweep_csv(result).encode(),
-             "sweep.png": lambda: sweep_png(result)}
+    files = {"sweep.json": lambda: json.dumps(summary, indent=1).encode(),
+             "sweep.csv": lambda: sweep_csv(result).encode(), "sweep.png": lambda: sweep_png(result)}
     for name, render in files.items():
         data = render()
         if data is None:
