@@ -16,9 +16,13 @@ A candidate whose fps beats the incumbent's by ``GAIN_THRESHOLD`` (5 %, as Trito
 model_analyzer) is measured again right after the incumbent is, since these machines drift by
 tens of percent between runs; it replaces the incumbent when the means over each one's trials
 still differ by the threshold and the back-to-back pair agrees. A move that paid is tried
-again first (grow a setting until the gain falls below the threshold). The search stops when
-no unmeasured move is left or the next trial would not fit in the budget; then, budget
-allowing, the defaults and the best are measured once more, back to back. The best is the
+again first (grow a setting until the gain falls below the threshold). When no unmeasured move
+is left, budget left over goes to rematches: settings whose mean fps is within 10 % of the
+incumbent's are measured again right after it (at most four trials each), and one that now
+beats it by the threshold in the mean and in most back-to-back pairs takes over (the search
+then goes on from it). The search stops when nothing is left to measure or the next trial would
+not fit in the budget; then, budget allowing, the defaults and the best are measured once
+more, back to back. The best is the
 incumbent unless its mean fps fell below the defaults', so it is never slower than the
 defaults as this sweep measured them."""
 
@@ -28,6 +32,7 @@ import dataclasses
 import logging
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,6 +42,8 @@ log = logging.getLogger(__name__)
 
 GAIN_THRESHOLD = 0.05  # a move must raise fps by this fraction to be kept
 IDLE_UTILISATION = 0.50  # a stage busy less than this is idle enough to lose a worker
+REMATCH_WITHIN = 0.10  # with no move left, settings this close to the best's fps are measured again
+MAX_TRIALS_PER_SETTINGS = 4  # ... until they have had this many trials
 CORES_SATURATED = 0.90  # as analysis.bottleneck: from here more processes only time-slice the cores
 MAX_BATCH_CPU = 16
 MAX_BATCH_CUDA = 64
@@ -129,7 +136,7 @@ class Measurement:
 class Trial:
     index: int  # 1-based, in the order run
     settings: Settings
-    purpose: str  # defaults | candidate | confirm | final check
+    purpose: str  # defaults | candidate | confirm | rematch | final check
     reason: str  # why it was run
     measurement: Measurement
     cost_s: float  # wall seconds the trial took, start-up and report included
@@ -332,6 +339,7 @@ class Sweep:
         self.threshold, self.clock, self.on_trial = threshold, clock, on_trial or (lambda trial: None)
         self.trials: list[Trial] = []
         self.incumbent: Settings | None = None
+        self.pair_ratios: list[tuple[Settings, Settings, float]] = []  # (a, b, fps a / fps b) back to back
         self.started_s = clock() if started_s is None else started_s  # the budget runs from here
 
     # -- budget ---------------------------------------------------------------------------------
@@ -394,15 +402,24 @@ class Sweep:
             analysis = self._latest(self.incumbent).measurement
             moves = [mv for mv in propose(self.incumbent, analysis, self.machine, repeat)
                      if mv.settings not in self.measured()]
-            if not moves:
-                return "no lever left: every move the analysis names from the best settings was measured"
-            if not self.fits(1):
-                return "budget: the next trial would not fit"
-            accepted, stop = self._try(self.incumbent, moves[0])
-            if accepted:
-                self.incumbent, repeat = moves[0].settings, moves[0].key
-            if stop:
-                return stop
+            if moves:
+                if not self.fits(1):
+                    return "budget: the next trial would not fit"
+                accepted, stop = self._try(self.incumbent, moves[0])
+                if accepted:
+                    self.incumbent, repeat = moves[0].settings, moves[0].key
+                if stop:
+                    return stop
+                continue
+            rival = self._rival()
+            if rival is None:
+                return "nothing left to measure: every move the analysis names was tried, close rivals rematched"
+            if not self.fits(2):
+                return "budget: no room for another rematch"
+            change = rival.change_from(self.incumbent)
+            if self._back_to_back(rival, "rematch", "the incumbent again, beside a close rival",
+                                  f"a close rival again ({change})"):
+                self.incumbent, repeat = rival, None
 
     def _best(self, defaults: Settings) -> Settings | None:
         """The incumbent unless its mean fps fell below the defaults' (then the defaults)."""
@@ -429,20 +446,46 @@ class Sweep:
             return False, "budget: no room to confirm the last gain"
         candidate.verdict = f"{100 * gain:+.1f} %: measuring both again"
         self.report(candidate)
-        again_base = self.run_trial(incumbent, "confirm", "the incumbent again, just before the candidate")
-        if again_base.fps is not None:
-            again_base.verdict = "the incumbent re-measured"
-        self.report(again_base)
-        again = self.run_trial(move.settings, "confirm", "the candidate again, just after the incumbent")
-        gain = (mean_fps(self.trials, move.settings) or 0.0) / (mean_fps(self.trials, incumbent) or float("inf")) - 1
-        pair = again.fps / again_base.fps - 1 if again.fps and again_base.fps else None
-        accepted = gain >= self.threshold and pair is not None and pair > 0
-        if again.fps is not None:
-            pair_text = "n/a" if pair is None else f"{100 * pair:+.1f} %"
-            again.verdict = (f"{'accepted' if accepted else 'not confirmed'}: {100 * gain:+.1f} % over all trials, "
-                             f"{pair_text} back to back")
+        return self._back_to_back(move.settings, "confirm", "the incumbent again, just before the candidate",
+                                  "the candidate again, just after the incumbent"), ""
+
+    def _back_to_back(self, rival: Settings, purpose: str, incumbent_reason: str, rival_reason: str) -> bool:
+        """Measure the incumbent, then ``rival``; whether the rival takes over: its mean fps over
+        all its trials beats the incumbent's by the threshold, and it was the faster in most of
+        their back-to-back pairs (the median of the pairs' ratios is above 1)."""
+        base = self.run_trial(self.incumbent, purpose, incumbent_reason)
+        if base.fps is not None:
+            base.verdict = "the incumbent re-measured"
+        self.report(base)
+        again = self.run_trial(rival, purpose, rival_reason)
+        if base.fps is None or again.fps is None:
+            self.report(again)
+            return False
+        self.pair_ratios.append((rival, self.incumbent, again.fps / base.fps))
+        gain = (mean_fps(self.trials, rival) or 0.0) / mean_fps(self.trials, self.incumbent) - 1
+        pairs = self.paired_ratios(rival, self.incumbent)
+        accepted = gain >= self.threshold and statistics.median(pairs) > 1
+        again.verdict = (f"{'accepted' if accepted else 'not confirmed'}: {100 * gain:+.1f} % over all trials, "
+                         f"{100 * (again.fps / base.fps - 1):+.1f} % back to back"
+                         + (f" (median of {len(pairs)} pairs {100 * (statistics.median(pairs) - 1):+.1f} %)"
+                            if len(pairs) > 1 else ""))
         self.report(again)
-        return accepted, ""
+        return accepted
+
+    def paired_ratios(self, a: Settings, b: Settings) -> list[float]:
+        """fps of ``a`` / fps of ``b`` in each back-to-back pair of the two."""
+        return [r if (x, y) == (a, b) else 1 / r for x, y, r in self.pair_ratios if {x, y} == {a, b}]
+
+    def _rival(self) -> Settings | None:
+        """The measured settings most worth a rematch with the incumbent: the fastest whose mean
+        fps is within REMATCH_WITHIN of the incumbent's and who has had fewer than
+        MAX_TRIALS_PER_SETTINGS trials; None when there is none."""
+        best = mean_fps(self.trials, self.incumbent) or 0.0
+        counts = Counter(t.settings for t in self.trials if t.fps is not None)
+        rivals = [(mean_fps(self.trials, s), s) for s in counts
+                  if s != self.incumbent and counts[s] < MAX_TRIALS_PER_SETTINGS]
+        rivals = [(fps, s) for fps, s in rivals if fps >= best * (1 - REMATCH_WITHIN)]
+        return max(rivals)[1] if rivals else None
 
     def _final_check(self, defaults: Settings, best: Settings) -> None:
         if not self.fits(2):

@@ -12,7 +12,8 @@ from analysis.sweep import SweepResult, mean_fps
 log = logging.getLogger(__name__)
 
 PLOT_DPI = 80
-PURPOSE_COLOURS = {"defaults": "tab:gray", "candidate": "tab:blue", "confirm": "tab:purple", "final check": "tab:cyan"}
+PURPOSE_COLOURS = {"defaults": "tab:gray", "candidate": "tab:blue", "confirm": "tab:purple", "rematch": "tab:olive",
+                   "final check": "tab:cyan"}
 BEST_COLOUR = "tab:orange"
 
 
@@ -51,19 +52,20 @@ def _trial_path(axes, result: SweepResult) -> None:
         if trials:
             axes.scatter([t.index for t in trials], [t.fps for t in trials], color=colour, s=40, label=purpose,
                          zorder=3)
-    best = [t for t in result.trials if t.settings == result.best and t.fps is not None]
-    if best:
-        axes.scatter([t.index for t in best], [t.fps for t in best], s=160, facecolors="none", edgecolors=BEST_COLOUR,
-                     linewidths=2, label=f"best: {result.best.label()}", zorder=4)
-    for t in result.trials:
-        if t.fps is not None and t.purpose == "candidate":
-            axes.annotate(t.settings.change_from(result.defaults) or "defaults", (t.index, t.fps), fontsize="x-small",
-                          textcoords="offset points", xytext=(4, 4))
+    best_trials = [t for t in result.trials if t.settings == result.best and t.fps is not None]
+    if best_trials:
+        axes.scatter([t.index for t in best_trials], [t.fps for t in best_trials], s=160, facecolors="none",
+                     edgecolors=BEST_COLOUR, linewidths=2, label=f"best: {result.best.label()}", zorder=4)
+    candidates = [t for t in result.trials if t.fps is not None and t.purpose == "candidate"]
+    for n, t in enumerate(candidates):  # labels staggered up and down: neighbours often share an fps
+        axes.annotate(t.settings.change_from(result.defaults) or "defaults", (t.index, t.fps), fontsize="x-small",
+                      textcoords="offset points", xytext=(4, 5 if n % 2 == 0 else -11))
     base = mean_fps(result.trials, result.defaults)
     if base:
         axes.axhline(base, color="tab:gray", linestyle="--", label=f"defaults' mean {base:.1f} fps")
-        axes.axhline(base * (1 + result.threshold), color="tab:gray", linestyle=":",
-                     label=f"+{100 * result.threshold:.0f} % (gain threshold)")
+    best = mean_fps(result.trials, result.best) if result.best else None
+    if best and result.best != result.defaults:
+        axes.axhline(best, color=BEST_COLOUR, linestyle="--", label=f"best's mean {best:.1f} fps")
     failed = [t.index for t in result.trials if t.fps is None]
     if failed:
         axes.scatter(failed, [0] * len(failed), marker="x", color="tab:red", label="failed", zorder=3)
@@ -91,5 +93,6 @@ def _settings_bars(axes, result: SweepResult) -> None:
               + f" ({n} trial{'s' if n > 1 else ''})" for s, n in zip(tried, counts)]
     axes.set_yticks(range(len(tried)), labels, fontsize="small")
     axes.set_xlim(0, 1.12 * max(t.fps for t in result.trials if t.fps is not None))
-    axes.set(xlabel="fps: mean over the settings' trials (dots: each trial; one trial is unconfirmed)",
-             title="settings (pre / infer x threads / post, batch)")
+    axes.set(xlabel="mean fps over the settings' trials (dots: single trials)",
+             title=f"settings (pre / infer x threads / post, batch)\na change is kept when it gains "
+                   f"{100 * result.threshold:.0f} % over the best so far")
