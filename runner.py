@@ -2,6 +2,7 @@
 
     python runner.py --device cpu                      # synthetic images, random-weight yolov5n
     python runner.py --weights yolov5n.pt --source imgs/ --workers 4 --device cuda
+    python runner.py --sweep --sweep-budget-s 240 --save-config best.toml   # tune, then --config best.toml
 
 Starts the stages (source+preprocess, inference, postprocess, collector) as separate
 processes joined by ZeroMQ, watches them, shows progress, stops them all at the end.
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+SWEEP_FLAGS = ("sweep", "sweep_budget_s", "save_config")
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.toml")
 
@@ -86,6 +88,10 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
     add("--json", action="store_const", const=True, help="print one JSON summary on stdout, logs on stderr")
     add("--log-level", help="debug, info, warning or error")
     add("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
+    add("--sweep", action="store_const", const=True,
+        help="tune worker counts, inference threads and batch size in short trials (see analysis/sweep.py)")
+    add("--sweep-budget-s", type=float, help="wall-clock budget of --sweep in seconds (default 300)")
+    add("--save-config", help="with --sweep: write the best settings to this file, for --config")
     ns = vars(p.parse_args(argv))
     return ns.pop("config"), ns
 
@@ -104,15 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     # end of this file), and spawned children that re-import this script stay light.
     from supervisor.processes import start_fork_server, stop_helper_processes
     from supervisor.run import UsageError, run_pipeline
+    from analysis.sweep_run import run_sweep, sweep_request
     from workers.config import ConfigError, build_config, read_toml
     started_s = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config_path, overrides = parse_args(argv)
+    sweep_flags = {key: overrides.pop(key) for key in SWEEP_FLAGS}
     if "--json" in (argv if argv is not None else sys.argv[1:]):
         logging.getLogger().handlers[0].setStream(sys.stderr)  # stdout holds only the JSON summary
     try:
-        cfg = build_config(read_toml(config_path), overrides)
+        given = cfg = build_config(read_toml(config_path), overrides)
         logging.getLogger().setLevel(cfg.log_level.upper())
+        sweep = sweep_request(cfg, **sweep_flags, flags=overrides, config_path=config_path,
+                              default_config=DEFAULT_CONFIG)
         start_fork_server()  # torch imports there while the rest is checked here
         cfg, machine, names, plan = prepare(cfg)
     except (ConfigError, ValueError) as exc:
@@ -126,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.weights and cfg.preset != "none":
         log.warning("no --weights: using a random-weight %s; timings are valid, detections are meaningless",
                     cfg.preset)
+    if sweep is not None:
+        try:
+            return run_sweep(given, cfg, machine, sweep, started_s)
+        finally:
+            stop_helper_processes()
     warn_oversubscription(cfg, machine.cores, machine.device_type == "cuda")
     try:
         outcome = run_pipeline(cfg, machine, names, plan, show_progress=cfg.progress, runner_started_s=started_s)

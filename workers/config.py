@@ -4,6 +4,7 @@ once here so every stage can trust it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -215,3 +216,27 @@ def build_config(toml_values: dict[str, Any], overrides: dict[str, Any]) -> RunC
         return RunConfig(**values)
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        # A JSON string is a TOML basic string, once astral characters stay raw (JSON would write
+        # surrogate pairs, which TOML refuses) and DEL is escaped (TOML refuses it raw).
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(f"config: expected a bool, number, string or list to write, got {value!r}")
+
+
+def config_toml(cfg: RunConfig, heading: str = "") -> str:
+    """Every key of ``cfg`` as a config file that ``read_toml`` reads back into the same values;
+    ``heading`` (one or more lines) goes first as comments."""
+    lines = [f"# {line}" for line in heading.splitlines()]
+    for section, keys in SECTIONS.items():
+        lines += ["", f"[{section}]"]
+        lines += [f"{key} = {_toml_value(getattr(cfg, key))}" for key in keys]
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,0 +1,504 @@
+"""The tuning sweep's search: short trials over the worker counts, inference threads and batch
+size, each step chosen from the last run's analysis (its bottleneck and whether the cores are
+saturated), not from a grid.
+
+Start from the settings as given (the defaults trial). From the best settings so far (the
+incumbent), the analysis of its latest trial names the moves worth measuring:
+
+- cores saturated (``limit == "cores"``): never more processes or threads. Fewer processes
+  where a stage has more workers than cores, a larger batch (fewer forwards and messages per
+  frame), fewer workers for stages that idle, one inference process traded for a thread;
+- one stage busy with cores to spare (``"stage"``): grow that stage (workers; on CPU inference
+  also threads and then batch; on a GPU batch first);
+- no stage busy (``"flow"``): grow the busiest stage, or halve a batch that waits to fill.
+
+A candidate whose fps beats the incumbent's by ``GAIN_THRESHOLD`` (5 %, as Triton's
+model_analyzer) is measured again right after the incumbent is, since these machines drift by
+tens of percent between runs; it replaces the incumbent when the means over each one's trials
+still differ by the threshold and the back-to-back pair agrees. A move that paid is tried
+again first (grow a setting until the gain falls below the threshold). When no unmeasured move
+is left, budget left over goes to rematches: settings whose mean fps is within 10 % of the
+incumbent's are measured again right after it (at most four trials each), and one that now
+beats it by the threshold in the mean and in most back-to-back pairs takes over (the search
+then goes on from it). The search stops when nothing is left to measure or the next trial would
+not fit in the budget; then, budget allowing, the defaults and the best are measured once
+more, back to back. The best is the
+incumbent unless its mean fps fell below the defaults', so it is never slower than the
+defaults as this sweep measured them."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from analysis.stages import ROLE_NAMES, ROLES
+
+log = logging.getLogger(__name__)
+
+GAIN_THRESHOLD = 0.05  # a move must raise fps by this fraction to be kept
+IDLE_UTILISATION = 0.50  # a stage busy less than this is idle enough to lose a worker
+REMATCH_WITHIN = 0.10  # with no move left, settings this close to the best's fps are measured again
+MAX_TRIALS_PER_SETTINGS = 4  # ... until they have had this many trials
+CORES_SATURATED = 0.90  # as analysis.bottleneck: from here more processes only time-slice the cores
+MAX_BATCH_CPU = 16
+MAX_BATCH_CUDA = 64
+MAX_INFER_WORKERS_PER_GPU = 4
+FIRST_TRIAL_EXTRA_S = 8.0  # the first trial also imports torch in the fork server
+TRIAL_OVERHEAD_S = 5.0  # process start-up and the final report of a trial, before any was timed
+WRAP_UP_S = 2.0  # kept free at the end of the budget: sweep.csv, sweep.json, sweep.png
+
+SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size")
+FLAGS = {"pre_workers": "--pre-workers", "infer_workers": "--infer-workers", "post_workers": "--post-workers",
+         "infer_threads": "--infer-threads", "batch_size": "--batch-size"}
+SHORT_NAMES = {"pre_workers": "pre", "infer_workers": "infer", "post_workers": "post", "infer_threads": "threads",
+               "batch_size": "batch"}
+
+
+@dataclass(frozen=True, order=True)
+class Settings:
+    """The values one trial runs with; the rest of the configuration is the same in every trial."""
+
+    pre_workers: int
+    infer_workers: int
+    post_workers: int
+    infer_threads: int
+    batch_size: int
+
+    @classmethod
+    def of(cls, cfg) -> Settings:
+        """From a resolved RunConfig (automatic counts already filled in)."""
+        return cls(**{name: getattr(cfg, name) for name in SWEPT})
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def flags(self) -> list[str]:
+        return [token for name in SWEPT for token in (FLAGS[name], str(getattr(self, name)))]
+
+    def label(self) -> str:
+        """"2/2x1/2 b1": pre / infer workers x threads / post, batch size."""
+        return (f"{self.pre_workers}/{self.infer_workers}x{self.infer_threads}/{self.post_workers} "
+                f"b{self.batch_size}")
+
+    def change_from(self, other: Settings) -> str:
+        """What differs from ``other``: "batch 1->2, pre 2->1"; "" when nothing does."""
+        return ", ".join(f"{SHORT_NAMES[n]} {getattr(other, n)}->{getattr(self, n)}" for n in SWEPT
+                         if getattr(self, n) != getattr(other, n))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one trial's run reported (its summary), or why it measured nothing."""
+
+    fps: float | None
+    latency_p50_ms: float | None = None
+    latency_p95_ms: float | None = None
+    cpu_ms_per_frame: float | None = None
+    cpu_saturation: float | None = None
+    bound_fps: float | None = None
+    bound_kind: str | None = None
+    bottleneck: str | None = None
+    limit: str | None = None
+    hint: str = ""
+    stable: bool = False
+    stable_reason: str | None = None
+    utilisation: dict[str, float] = field(default_factory=dict)
+    exit_code: int = 0
+    error: str | None = None
+    run_dir: str | None = None
+
+    @classmethod
+    def from_summary(cls, summary: dict | None, exit_code: int, run_dir: str | None,
+                     error: str | None = None) -> Measurement:
+        if not summary:
+            return cls(fps=None, exit_code=exit_code, error=error or "the run wrote no summary", run_dir=run_dir)
+        stages = summary.get("stages") or {}
+        return cls(fps=summary.get("fps"), latency_p50_ms=summary.get("latency_p50_ms"),
+                   latency_p95_ms=summary.get("latency_p95_ms"), cpu_ms_per_frame=summary.get("cpu_ms_per_frame"),
+                   cpu_saturation=summary.get("cpu_saturation"), bound_fps=summary.get("bound_fps"),
+                   bound_kind=summary.get("bound_kind"), bottleneck=summary.get("bottleneck"),
+                   limit=summary.get("limit"), hint=summary.get("hint") or "", stable=bool(summary.get("stable")),
+                   stable_reason=summary.get("stable_reason"),
+                   utilisation={role: stages[role]["utilisation"] for role in ROLES if role in stages},
+                   exit_code=exit_code, error=error if exit_code else None, run_dir=run_dir)
+
+    @property
+    def ok(self) -> bool:
+        return self.fps is not None and self.exit_code == 0
+
+
+@dataclass
+class Trial:
+    index: int  # 1-based, in the order run
+    settings: Settings
+    purpose: str  # defaults | candidate | confirm | rematch | final check
+    reason: str  # why it was run
+    measurement: Measurement
+    cost_s: float  # wall seconds the trial took, start-up and report included
+    verdict: str = ""  # what the search concluded from it
+
+    @property
+    def fps(self) -> float | None:
+        return self.measurement.fps if self.measurement.ok else None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What bounds the settings: cores, and the GPUs inference runs on (0 on CPU)."""
+
+    cores: int
+    gpus: int = 0
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.gpus > 0
+
+
+@dataclass(frozen=True)
+class Move:
+    """One step from the incumbent: ``key`` is (setting, +1 grow / -1 shrink)."""
+
+    key: tuple[str, int]
+    settings: Settings
+    reason: str
+
+
+def _stage_name(role: str) -> str:
+    return ROLE_NAMES[role]
+
+
+def _util(m: Measurement, role: str) -> float:
+    return m.utilisation.get(role, 0.0)
+
+
+def _move(s: Settings, name: str, direction: int, reason: str) -> Move:
+    value = getattr(s, name)
+    new = value * 2 if name == "batch_size" and direction > 0 else \
+        max(1, value // 2) if name == "batch_size" else value + direction
+    return Move((name, direction), dataclasses.replace(s, **{name: new}), reason)
+
+
+def _grow_limits(s: Settings, name: str, machine: Machine) -> bool:
+    """Whether growing ``name`` stays within the machine: no more inference threads than cores on
+    CPU, at most two processes per core for pre/post, bounded batches and GPU processes."""
+    if name in ("pre_workers", "post_workers"):
+        return getattr(s, name) + 1 <= 2 * machine.cores
+    if name == "infer_workers":
+        if machine.on_cuda:
+            return s.infer_workers + 1 <= MAX_INFER_WORKERS_PER_GPU * machine.gpus
+        return (s.infer_workers + 1) * s.infer_threads <= machine.cores
+    if name == "infer_threads":
+        return s.infer_workers * (s.infer_threads + 1) <= machine.cores
+    if name == "batch_size":
+        return s.batch_size * 2 <= (MAX_BATCH_CUDA if machine.on_cuda else MAX_BATCH_CPU)
+    raise ValueError(f"sweep: expected one of {SWEPT}, got {name!r}")
+
+
+def _grow(s: Settings, name: str, machine: Machine, reason: str) -> Move | None:
+    return _move(s, name, +1, reason) if _grow_limits(s, name, machine) else None
+
+
+def _shrink(s: Settings, name: str, reason: str) -> Move | None:
+    return _move(s, name, -1, reason) if getattr(s, name) > 1 else None
+
+
+def _worker_field(role: str) -> str:
+    return f"{role}_workers"
+
+
+def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
+    """The cores are the limit: less CPU per frame, never more processes or threads."""
+    moves: list[Move | None] = []
+    for role in ROLES:
+        count = s.infer_workers * s.infer_threads if role == "infer" and not machine.on_cuda else getattr(
+            s, _worker_field(role))
+        if count > machine.cores:
+            moves.append(_shrink(s, _worker_field(role), f"cores saturated and {count} {_stage_name(role)} "
+                                                         f"processes/threads on {machine.cores} cores"))
+    moves.append(_grow(s, "batch_size", machine, "cores saturated: fewer forwards and messages per frame"))
+    idle = sorted((r for r in ROLES if r != m.bottleneck and _util(m, r) < IDLE_UTILISATION), key=lambda r: _util(m, r))
+    for role in idle:
+        moves.append(_shrink(s, _worker_field(role), f"cores saturated and {_stage_name(role)} busy only "
+                                                     f"{100 * _util(m, role):.0f} %: one process fewer to share them"))
+    if not machine.on_cuda and s.infer_workers > 1 and (s.infer_workers - 1) * (s.infer_threads + 1) <= min(
+            s.infer_workers * s.infer_threads, machine.cores):
+        trade = dataclasses.replace(s, infer_workers=s.infer_workers - 1, infer_threads=s.infer_threads + 1)
+        moves.append(Move(("infer_threads", +1), trade, "cores saturated: one inference process fewer, "
+                                                        "one torch thread more each (same threads in all)"))
+    return moves
+
+
+def stage_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
+    """One stage is the limit and cores are to spare: grow that stage."""
+    role = m.bottleneck
+    why = f"{_stage_name(role)} busy {100 * _util(m, role):.0f} % with cores to spare"
+    if role != "infer":
+        return [_grow(s, _worker_field(role), machine, why)]
+    if machine.on_cuda:
+        return [_grow(s, "batch_size", machine, why + ": fuller GPU forwards"),
+                _grow(s, "infer_workers", machine, why)]
+    return [_grow(s, "infer_workers", machine, why), _grow(s, "infer_threads", machine, why),
+            _grow(s, "batch_size", machine, why + ": fewer forwards per frame")]
+
+
+def flow_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
+    """No stage is busy: more in flight from the busiest stage, or batches that fill sooner."""
+    moves = [_shrink(s, "batch_size", "no stage busy: a smaller batch fills sooner")] if s.batch_size > 1 else []
+    if m.bottleneck:
+        moves.append(_grow(s, _worker_field(m.bottleneck), machine,
+                           f"no stage busy; {_stage_name(m.bottleneck)} the busiest "
+                           f"({100 * _util(m, m.bottleneck):.0f} %)"))
+    return moves
+
+
+def propose(incumbent: Settings, analysis: Measurement, machine: Machine,
+            repeat: tuple[str, int] | None = None) -> list[Move]:
+    """The moves worth a trial from ``incumbent``, best first, as its latest trial's analysis
+    (``analysis``) names them; a move with key ``repeat`` (the last one that paid) goes first
+    when the analysis still names it."""
+    saturated = analysis.limit == "cores" or (analysis.cpu_saturation or 0.0) >= CORES_SATURATED
+    if analysis.bottleneck is None:
+        return []
+    if saturated:
+        moves = saturated_moves(incumbent, analysis, machine)
+    elif analysis.limit == "stage":
+        moves = stage_moves(incumbent, analysis, machine)
+    else:
+        moves = flow_moves(incumbent, analysis, machine)
+    unique: dict[Settings, Move] = {}
+    for move in moves:
+        if move is not None and move.settings != incumbent and move.settings not in unique:
+            unique[move.settings] = move
+    ordered = list(unique.values())
+    return sorted(ordered, key=lambda mv: mv.key != repeat)  # stable: the analysis's order otherwise
+
+
+def mean_fps(trials: list[Trial], settings: Settings) -> float | None:
+    """Mean fps over the trials of ``settings`` that measured one."""
+    values = [t.fps for t in trials if t.settings == settings and t.fps is not None]
+    return statistics.fmean(values) if values else None
+
+
+@dataclass
+class SweepResult:
+    trials: list[Trial]
+    defaults: Settings
+    best: Settings | None  # None: the defaults trial measured nothing
+    stopped: str  # why the search ended
+    elapsed_s: float
+    budget_s: float
+    threshold: float = GAIN_THRESHOLD
+    interrupted: int = 0  # the exit code of an interrupt (130, 143) that ended the sweep; 0 when none
+
+    @property
+    def best_fps(self) -> float | None:
+        return mean_fps(self.trials, self.best) if self.best else None
+
+    @property
+    def defaults_fps(self) -> float | None:
+        return mean_fps(self.trials, self.defaults)
+
+    @property
+    def gain(self) -> float | None:
+        best, base = self.best_fps, self.defaults_fps
+        return best / base - 1 if best and base else None
+
+    def latest(self, settings: Settings) -> Trial | None:
+        return next((t for t in reversed(self.trials) if t.settings == settings and t.fps is not None), None)
+
+
+class SweepInterrupted(Exception):
+    """Raised by a trial function when the user interrupted the trial: the sweep ends there."""
+
+    def __init__(self, reason: str, exit_code: int):
+        super().__init__(reason)
+        self.exit_code = exit_code
+
+
+MeasureFn = Callable[[Settings, int], Measurement]  # (settings, trial index) -> what the run reported
+
+
+class Sweep:
+    """The search (see the module's docstring). ``measure`` runs one trial; ``clock`` is wall
+    seconds (a fake one in tests); ``trial_s`` is each trial's time-box, used to estimate the
+    cost of a trial before one has been timed."""
+
+    def __init__(self, measure: MeasureFn, machine: Machine, budget_s: float, trial_s: float,
+                 threshold: float = GAIN_THRESHOLD, clock: Callable[[], float] = time.perf_counter,
+                 on_trial: Callable[[Trial], None] | None = None, started_s: float | None = None):
+        if budget_s <= 0:
+            raise ValueError(f"sweep: expected a budget > 0 s, got {budget_s}")
+        if threshold <= 0:
+            raise ValueError(f"sweep: expected a gain threshold > 0, got {threshold}")
+        self.measure, self.machine, self.budget_s, self.trial_s = measure, machine, budget_s, trial_s
+        self.threshold, self.clock, self.on_trial = threshold, clock, on_trial or (lambda trial: None)
+        self.trials: list[Trial] = []
+        self.incumbent: Settings | None = None
+        self.pair_ratios: list[tuple[Settings, Settings, float]] = []  # (a, b, fps a / fps b) back to back
+        self.started_s = clock() if started_s is None else started_s  # the budget runs from here
+
+    # -- budget ---------------------------------------------------------------------------------
+    def elapsed_s(self) -> float:
+        return self.clock() - self.started_s
+
+    def trial_cost_estimate_s(self) -> float:
+        """The longest of the last three trials (the first one also imported torch: only its
+        own estimate when it is the only one timed)."""
+        timed = [t.cost_s for t in self.trials[1:]][-3:] or [t.cost_s for t in self.trials]
+        return max(timed) if timed else self.trial_s + TRIAL_OVERHEAD_S + FIRST_TRIAL_EXTRA_S
+
+    def fits(self, trials: int) -> bool:
+        return self.elapsed_s() + trials * self.trial_cost_estimate_s() + WRAP_UP_S <= self.budget_s
+
+    # -- trials ---------------------------------------------------------------------------------
+    def run_trial(self, settings: Settings, purpose: str, reason: str) -> Trial:
+        index = len(self.trials) + 1
+        started = self.clock()
+        measurement = self.measure(settings, index)
+        trial = Trial(index, settings, purpose, reason, measurement, self.clock() - started)
+        if not measurement.ok:
+            trial.verdict = f"failed: {measurement.error or 'no fps measured'}"
+        self.trials.append(trial)
+        return trial
+
+    def report(self, trial: Trial) -> None:
+        """Tell the caller about a finished trial, its verdict set."""
+        self.on_trial(trial)
+
+    def measured(self) -> set[Settings]:
+        return {t.settings for t in self.trials}
+
+    # -- the search -----------------------------------------------------------------------------
+    def run(self, defaults: Settings) -> SweepResult:
+        """Search from ``defaults``; an interrupted trial ends the search with what was measured."""
+        self.incumbent = defaults
+        try:
+            stopped = self._search(defaults)
+        except SweepInterrupted as stop:
+            return self._result(defaults, self._best(defaults), f"interrupted: {stop}", interrupted=stop.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C between two trials, when no run holds the signal
+            return self._result(defaults, self._best(defaults), "interrupted by Ctrl-C", interrupted=130)
+        if stopped is None:
+            return self._result(defaults, None, f"the defaults trial measured nothing ({self.trials[0].verdict})")
+        if self.incumbent != defaults:
+            self._final_check(defaults, self.incumbent)
+        return self._result(defaults, self._best(defaults), stopped)
+
+    def _search(self, defaults: Settings) -> str | None:
+        """Why the search stopped; None when the defaults trial measured nothing."""
+        first = self.run_trial(defaults, "defaults", "the settings as given")
+        if first.fps is None:
+            self.report(first)
+            return None
+        first.verdict = "baseline"
+        self.report(first)
+        repeat = None
+        while True:
+            analysis = self._latest(self.incumbent).measurement
+            moves = [mv for mv in propose(self.incumbent, analysis, self.machine, repeat)
+                     if mv.settings not in self.measured()]
+            if moves:
+                if not self.fits(1):
+                    return "budget: the next trial would not fit"
+                accepted, stop = self._try(self.incumbent, moves[0])
+                if accepted:
+                    self.incumbent, repeat = moves[0].settings, moves[0].key
+                if stop:
+                    return stop
+                continue
+            rival = self._rival()
+            if rival is None:
+                return "nothing left to measure: every move the analysis names was tried, close rivals rematched"
+            if not self.fits(2):
+                return "budget: no room for another rematch"
+            change = rival.change_from(self.incumbent)
+            if self._back_to_back(rival, "rematch", "the incumbent again, beside a close rival",
+                                  f"a close rival again ({change})"):
+                self.incumbent, repeat = rival, None
+
+    def _best(self, defaults: Settings) -> Settings | None:
+        """The incumbent unless its mean fps fell below the defaults' (then the defaults)."""
+        base = mean_fps(self.trials, defaults)
+        if base is None:
+            return None
+        return self.incumbent if (mean_fps(self.trials, self.incumbent) or 0.0) >= base else defaults
+
+    def _try(self, incumbent: Settings, move: Move) -> tuple[bool, str]:
+        """Measure ``move``; confirm an apparent gain. Returns (accepted, why the search must stop or "")."""
+        candidate = self.run_trial(move.settings, "candidate", f"{move.settings.change_from(incumbent)}: {move.reason}")
+        if candidate.fps is None:
+            self.report(candidate)
+            return False, ""
+        base = mean_fps(self.trials, incumbent)
+        gain = candidate.fps / base - 1
+        if gain < self.threshold:
+            candidate.verdict = f"rejected: {100 * gain:+.1f} % (< +{100 * self.threshold:.0f} %)"
+            self.report(candidate)
+            return False, ""
+        if not self.fits(2):
+            candidate.verdict = f"unconfirmed: {100 * gain:+.1f} %, no budget left to measure it again"
+            self.report(candidate)
+            return False, "budget: no room to confirm the last gain"
+        candidate.verdict = f"{100 * gain:+.1f} %: measuring both again"
+        self.report(candidate)
+        return self._back_to_back(move.settings, "confirm", "the incumbent again, just before the candidate",
+                                  "the candidate again, just after the incumbent"), ""
+
+    def _back_to_back(self, rival: Settings, purpose: str, incumbent_reason: str, rival_reason: str) -> bool:
+        """Measure the incumbent, then ``rival``; whether the rival takes over: its mean fps over
+        all its trials beats the incumbent's by the threshold, and it was the faster in most of
+        their back-to-back pairs (the median of the pairs' ratios is above 1)."""
+        base = self.run_trial(self.incumbent, purpose, incumbent_reason)
+        if base.fps is not None:
+            base.verdict = "the incumbent re-measured"
+        self.report(base)
+        again = self.run_trial(rival, purpose, rival_reason)
+        if base.fps is None or again.fps is None:
+            self.report(again)
+            return False
+        self.pair_ratios.append((rival, self.incumbent, again.fps / base.fps))
+        gain = (mean_fps(self.trials, rival) or 0.0) / mean_fps(self.trials, self.incumbent) - 1
+        pairs = self.paired_ratios(rival, self.incumbent)
+        accepted = gain >= self.threshold and statistics.median(pairs) > 1
+        again.verdict = (f"{'accepted' if accepted else 'not confirmed'}: {100 * gain:+.1f} % over all trials, "
+                         f"{100 * (again.fps / base.fps - 1):+.1f} % back to back"
+                         + (f" (median of {len(pairs)} pairs {100 * (statistics.median(pairs) - 1):+.1f} %)"
+                            if len(pairs) > 1 else ""))
+        self.report(again)
+        return accepted
+
+    def paired_ratios(self, a: Settings, b: Settings) -> list[float]:
+        """fps of ``a`` / fps of ``b`` in each back-to-back pair of the two."""
+        return [r if (x, y) == (a, b) else 1 / r for x, y, r in self.pair_ratios if {x, y} == {a, b}]
+
+    def _rival(self) -> Settings | None:
+        """The measured settings most worth a rematch with the incumbent: the fastest whose mean
+        fps is within REMATCH_WITHIN of the incumbent's and who has had fewer than
+        MAX_TRIALS_PER_SETTINGS trials; None when there is none."""
+        best = mean_fps(self.trials, self.incumbent) or 0.0
+        counts = Counter(t.settings for t in self.trials if t.fps is not None)
+        rivals = [(mean_fps(self.trials, s), s) for s in counts
+                  if s != self.incumbent and counts[s] < MAX_TRIALS_PER_SETTINGS]
+        rivals = [(fps, s) for fps, s in rivals if fps >= best * (1 - REMATCH_WITHIN)]
+        return max(rivals)[1] if rivals else None
+
+    def _final_check(self, defaults: Settings, best: Settings) -> None:
+        if not self.fits(2):
+            return
+        for settings, what in ((defaults, "the defaults"), (best, "the best")):
+            trial = self.run_trial(settings, "final check", f"{what} once more, back to back")
+            if trial.fps is not None:
+                trial.verdict = "re-measured"
+            self.report(trial)
+
+    def _latest(self, settings: Settings) -> Trial:
+        return next(t for t in reversed(self.trials) if t.settings == settings and t.fps is not None)
+
+    def _result(self, defaults: Settings, best: Settings | None, stopped: str, interrupted: int = 0) -> SweepResult:
+        return SweepResult(list(self.trials), defaults, best, stopped, self.elapsed_s(), self.budget_s, self.threshold,
+                           interrupted)
