@@ -160,13 +160,13 @@ def test_tcp_strangers_cannot_connect_nor_take_frames(live):
 # -- workers killed, stopped, or restarted too often ---------------------------------------------------
 
 def test_killed_workers_are_restarted_and_every_frame_is_processed_once(live):
-    """SIGKILL to the inference, then the postprocess, then the preprocess worker mid-run: each is
+    """SIGKILL to the preprocess, then the inference, then the postprocess worker mid-run: each is
     restarted, the frames it held are sent again, every frame is processed once, exit 0, and the
     report lists each restart with its signal, time and frames re-sent."""
     run = live(*SMALL_RUN, "--preset", "none", "--frames", "90", "--save-images", "1",
                env={TEST_SLOW_ENV: "infer:10,post:30"})
     seen = 3
-    for name in ("infer-0", "post-0", "pre-0"):
+    for name in ("pre-0", "infer-0", "post-0"):  # a sender's count of frames it re-sent dies with it: senders last
         run.wait_for_images(seen)
         victim = run.wait_for_stage(name)
         victim.send_signal(signal.SIGKILL)
@@ -178,7 +178,7 @@ def test_killed_workers_are_restarted_and_every_frame_is_processed_once(live):
     assert report["frames"]["lost"] == 0
     assert run.images() == 90  # one image per frame: none written twice under two names, none missing
     restarts = report["restarts"]
-    assert [r["name"] for r in restarts] == ["infer-0", "post-0", "pre-0"]
+    assert [r["name"] for r in restarts] == ["pre-0", "infer-0", "post-0"]
     assert all(r["signal"] == "SIGKILL" and r["at_s"] > 0 and not r["final"] for r in restarts), restarts
     resent = {r["name"]: r["frames_resent"] for r in restarts}
     assert resent["infer-0"] > 0 and resent["post-0"] > 0, resent  # both held frames when killed
@@ -217,10 +217,10 @@ def test_more_deaths_than_max_restarts_abort_with_a_partial_report(live):
     assert "killed by SIGKILL: no infer worker can take its frames; stopping the run" in run.stderr()
     report = run.report()
     frames_in, processed, failed, cancelled = frame_counts(report)
-    assert frames_in == 200 and processed >= 2 and cancelled > 0 and report["frames"]["accounted"]
-    assert processed + failed + cancelled == frames_in
     lost = [f for f in report["frames"]["failures"] if f["kind"] == "lost"]
-    assert lost and failed == len(lost)
+    assert frames_in == 200 and processed >= 2 and cancelled > 0 and report["frames"]["accounted"]
+    assert failed == 0 and report["frames"]["lost"] == len(lost) > 0  # lost is not failed, nor cancelled
+    assert processed + len(lost) + cancelled == frames_in
     (restart,) = report["restarts"]
     assert restart["name"] == "infer-0" and restart["final"]
     for frame in lost:  # frames the dead worker held are named after it, not after who waits to resend them
@@ -291,12 +291,12 @@ def _usage_cases(tmp_path: Path) -> dict:
         "weights-missing": (["--weights", str(tmp_path / "missing.pt")], "no such file"),
         "weights-not-a-checkpoint": (["--weights", str(tmp_path / "not-weights.pt")], "config weights"),
         "source-empty-folder": (["--source", str(tmp_path / "empty")], "config source"),
-        "device-list-mixed": (["--device", "cpu,cuda"], "config device"),
+        "device-list-of-cpus": (["--device", "cpu,cpu"], "config device"),
     }
 
 
 @pytest.mark.parametrize("case", ["results-is-a-file", "results-parent-is-a-file", "preset-foo", "weights-missing",
-                                  "weights-not-a-checkpoint", "source-empty-folder", "device-list-mixed"])
+                                  "weights-not-a-checkpoint", "source-empty-folder", "device-list-of-cpus"])
 def test_bad_usage_exits_2_naming_it_before_the_run(live, tmp_path, case):
     flags, message = _usage_cases(tmp_path)[case]
     results = tmp_path / "results"
