@@ -1,0 +1,342 @@
+"""Random and mutated messages: decoding and every handler behind it refuse what is bad with
+ProtocolError or SlotError (counted and dropped by the receiver), never another exception that
+would take a process down; and a live run that has random and mutated messages thrown at every
+socket it binds still ends with every frame.
+
+Seeds are fixed, so a failure reproduces; set FUZZ_ROUNDS and FUZZ_SEED for a longer or another search."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from supervisor.health import Health
+from workers.lifecycle import TEST_SLOW_ENV, Wire
+from workers.links import Downstream, Upstream
+from workers.messages import (ACK, CREDIT, DRAIN, END, FAILED, FRAME, HEARTBEAT, INFER_FRAME, PEER_GONE, PRE_FRAME,
+                              PROGRESS, RELEASE, RESULT, SCHEMAS, STATS, STOP, check_fields, validate)
+from workers.slots import SlotError, SlotRing, SlotViews, segment_name
+from workers.transport import DropCounter, Limits, ProtocolError, make_socket, recv_message, send_message
+
+TOKEN = bytes(range(16))
+LOG = logging.getLogger("fuzz")
+FUZZ_ROUNDS = int(os.environ.get("FUZZ_ROUNDS", "1500"))
+FUZZ_SEED = int(os.environ.get("FUZZ_SEED", "0"))  # added to every test's seed: another search
+ALL_TYPES = frozenset(SCHEMAS)
+SMALL_LIMITS = Limits(header_bytes=4096, parts=6, array_bytes=4096, str_len=512, bin_len=512, array_len=64, map_len=32)
+
+
+# -- what the fuzzer throws ---------------------------------------------------------------------------
+
+def random_value(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["none", "bool", "int", "bigint", "float", "str", "bytes"] + (["list", "dict"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "int":
+        return rng.choice([0, 1, -1, 2, 3, 7, 64, 255, 4096, rng.randint(-10**6, 10**6)])
+    if kind == "bigint":
+        return rng.choice([2**31, 2**32, 2**40, 2**62, 2**63 - 1, -(2**63), 2**64 - 1])
+    if kind == "float":
+        return rng.choice([0.0, -1.5, 1e300, float("inf"), float("-inf"), float("nan"), rng.random()])
+    if kind == "str":
+        return rng.choice(["", "pre-0", "infer-0.0", "post-1.3", "x" * rng.randint(0, 40), "ü\x00/..",
+                           "yolo-pipeline-1-x-pre-0-0", "<f4", "|u1", ",", "(1,)(", "O", "i4,f8"])
+    if kind == "bytes":
+        return bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 24)))
+    if kind == "list":
+        return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 5))]
+    return {random_key(rng): random_value(rng, depth + 1) for _ in range(rng.randint(0, 5))}
+
+
+def random_key(rng: random.Random) -> Any:
+    known = ["type", "id", "n", "ids", "to", "release", "seg", "items", "name", "src", "px", "lb", "orig", "cands",
+             "inline", "slot", "off", "dtype", "shape", "t", "arrays", "reason", "final", "incarnation", "video"]
+    return rng.choice(known) if rng.random() < 0.8 else random_value(rng, 3)
+
+
+def good_headers() -> list[dict]:
+    """One well-formed header per message type, the frames as each stage receives them."""
+    t = {"read_start": 1.0, "read_end": 1.1, "pre_end": 1.2}
+    px = {"lb": {"inline": 0}, "orig": None}
+    pre = {"type": FRAME, "id": 3, "src": "pre-0.0", "name": "a.jpg", "cycle": 0, "ratio": 0.5, "pad": [0, 8],
+           "orig_shape": [48, 64], "lb_shape": [32, 32], "keep_image": False, "pre": "pre-0", "t": t, "px": px,
+           "release_by": "infer"}
+    return [
+        {"type": CREDIT, "n": 2},
+        {"type": ACK, "ids": [1, 2], "n": 2, "to": "pre-0.0", "release": [1]},
+        pre,
+        {**pre, "src": "infer-0.0", "infer": "infer-0", "batch": 1, "cold": False, "px": {**px, "cands": {"inline": 0}}},
+        {"type": END},
+        {"type": RELEASE, "seg": "yolo-pipeline-1-x-pre-0-0", "items": [[0, 3]]},
+        {"type": RESULT, "id": 10**6, "name": "a.jpg", "t": t, "detections": [], "workers": {}, "batch": 1,
+         "image_saved": False, "cold": False},
+        {"type": FAILED, "id": 10**6, "name": "a.jpg", "stage": "pre", "worker": "fuzz", "reason": "fuzz"},
+        {"type": STATS, "name": "fuzz-0", "role": "pre", "incarnation": 0, "pid": 1, "frames": 0, "wall_s": 1.0,
+         "busy_s": 0.0, "busy_cpu_s": 0.0, "cpu_s": 0.0, "wait_in_s": 0.0, "blocked_out_s": 0.0, "frame_ms": {},
+         "frame_cpu_ms": {}, "substages_ms": {}},
+        {"type": HEARTBEAT, "name": "fuzz-0", "incarnation": 0, "pid": 1, "loop_age_s": 0.1, "position": 0},
+        {"type": PROGRESS, "processed": 1, "failed": 0},
+        {"type": DRAIN, "reason": "fuzz"},
+        {"type": STOP, "reason": "fuzz"},
+        {"type": PEER_GONE, "name": "fuzz-0", "incarnation": 0, "final": False, "reason": "fuzz"},
+    ]
+
+
+def mutate_header(rng: random.Random, header: dict) -> dict:
+    """A few random edits: a field removed, retyped, or replaced by random data, a key added."""
+    header = dict(header)
+    for _ in range(rng.randint(1, 3)):
+        edit = rng.random()
+        keys = [k for k in header if k != "type"]
+        if edit < 0.25 and keys:
+            del header[rng.choice(keys)]
+        elif edit < 0.75 and keys:
+            key = rng.choice(keys)
+            header[key] = mutate_value(rng, header[key])
+        else:
+            header[random_key(rng)] = random_value(rng)
+    return header
+
+
+def mutate_value(rng: random.Random, value: Any) -> Any:
+    if isinstance(value, dict) and value and rng.random() < 0.7:
+        return mutate_header(rng, value)
+    if isinstance(value, list) and value and rng.random() < 0.7:
+        items = list(value)
+        items[rng.randrange(len(items))] = mutate_value(rng, items[rng.randrange(len(items))])
+        return items
+    return random_value(rng)
+
+
+def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
+    data = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        edit = rng.random()
+        if edit < 0.4 and data:
+            data[rng.randrange(len(data))] = rng.getrandbits(8)
+        elif edit < 0.6:
+            del data[rng.randrange(len(data) + 1):]
+        elif edit < 0.8:
+            at = rng.randrange(len(data) + 1)
+            data[at:at] = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 8)))
+        else:
+            data += data[: rng.randint(0, len(data))]
+    return bytes(data)
+
+
+def pack(header: dict) -> bytes:
+    try:
+        return msgpack.packb(header, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):  # not packable (a key or int msgpack refuses): random bytes
+        return os.urandom(32)
+
+
+def fuzz_message(rng: random.Random, templates: list[dict]) -> list[bytes]:
+    """The parts after the token: a header (random, mutated, or a mutated encoding) and arrays."""
+    choice = rng.random()
+    if choice < 0.15:
+        header_bytes = pack(random_value(rng))
+    elif choice < 0.7:
+        header = mutate_header(rng, rng.choice(templates))
+        if rng.random() < 0.7:
+            header["arrays"] = [[rng.choice(["|u1", "<f4", "<i8", "|b1", ",", "(1,)(", "O", "V8", random_value(rng)]),
+                                 rng.choice([[4], [2, 2], [0], [-1], [2**40, 2**40], random_value(rng)])]
+                                for _ in range(rng.randint(0, 2))]
+        header_bytes = pack(header)
+    else:
+        header_bytes = mutate_bytes(rng, pack({**rng.choice(templates), "arrays": []}))
+    arrays = [bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 1, 4, 16, 17]))) for _ in range(rng.randint(0, 3))]
+    return [header_bytes, *arrays]
+
+
+# -- decoding and checks --------------------------------------------------------------------------------
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.term()
+
+
+@pytest.fixture
+def made(ctx):
+    items = []
+    yield items
+    for item in items:
+        item.close()
+
+
+def socket_pair(ctx, made, kind_out=zmq.PUSH, kind_in=zmq.PULL, name="fuzz"):
+    receiver = make_socket(ctx, kind_in, linger_ms=0)
+    receiver.bind(f"inproc://{name}")
+    sender = make_socket(ctx, kind_out, linger_ms=0)
+    sender.connect(f"inproc://{name}")
+    made.extend([sender, receiver])
+    return sender, receiver
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_and_mutated_messages_raise_only_protocol_errors(ctx, made, seed):
+    """Through recv_message, validate and a stage's frame check: every bad message is a
+    ProtocolError with a kind; none is any other exception; the good ones still decode."""
+    rng = random.Random(FUZZ_SEED + seed)
+    sender, receiver = socket_pair(ctx, made)
+    templates = good_headers()
+    kinds: dict[str, int] = {}
+    passed = 0
+    for _ in range(FUZZ_ROUNDS):
+        token = TOKEN if rng.random() < 0.95 else mutate_bytes(rng, TOKEN)
+        sender.send_multipart([token, *fuzz_message(rng, templates)])
+        assert receiver.poll(2000)
+        try:
+            message = recv_message(receiver, token=TOKEN, limits=SMALL_LIMITS)
+            header = validate(message.header, ALL_TYPES)
+            if header["type"] == FRAME:
+                check_fields(header, INFER_FRAME if "infer" in header else PRE_FRAME, "frame")
+            passed += 1
+        except ProtocolError as exc:
+            kinds[exc.kind] = kinds.get(exc.kind, 0) + 1
+    assert {"token", "msgpack", "schema", "arrays"} <= set(kinds), kinds
+    assert passed > 0  # some mutations keep a message valid: the fuzzer is not only throwing noise
+    for header in templates:  # and the socket still carries good messages
+        send_message(sender, {k: v for k, v in header.items()}, token=TOKEN)
+        assert validate(recv_message(receiver, token=TOKEN).header, ALL_TYPES)["type"] == header["type"]
+
+
+@pytest.mark.parametrize("spec", [",", "(1,)(", "i4,f8", "O", "V8", "M8[", "<U4", "S3"])
+def test_an_array_dtype_numpy_cannot_parse_or_does_not_allow_is_a_protocol_error(ctx, made, spec):
+    sender, receiver = socket_pair(ctx, made)
+    sender.send_multipart([TOKEN, msgpack.packb({"arrays": [[spec, [1]]]}), b"\0" * 8])
+    with pytest.raises(ProtocolError) as error:
+        recv_message(receiver, token=TOKEN)
+    assert error.value.kind == "arrays"
+
+
+@pytest.fixture
+def ring(tmp_path):
+    r = SlotRing(segment_name("1-fuzz", "pre-0", 0), slot_bytes=4096, count=2, directory=str(tmp_path))
+    yield r
+    r.close()
+
+
+def test_random_slot_references_raise_only_slot_errors(ring, tmp_path):
+    rng = random.Random(FUZZ_SEED + 3)
+    views = SlotViews("1-fuzz", directory=str(tmp_path))
+    slot = ring.acquire(0)
+    good, _ = ring.store(slot, [np.zeros((3, 8, 8), np.uint8)])
+    read = 0
+    try:
+        for _ in range(FUZZ_ROUNDS):
+            ref = mutate_value(rng, good[0]) if rng.random() < 0.8 else random_value(rng)
+            try:
+                views.array(ref, [np.zeros(4, np.uint8)])
+                read += 1
+            except SlotError:
+                pass
+    finally:
+        views.close()
+    assert read > 0
+
+
+# -- the handlers behind the checks, with the run's token ----------------------------------------------
+
+def test_a_producer_survives_mutated_credit_and_acks(ctx, made, tmp_path):
+    """What a ROUTER reads (credit and acks from any DEALER that connects): dropped or applied,
+    never an exception; the real consumer's credit still works afterwards."""
+    rng = random.Random(FUZZ_SEED + 4)
+    endpoint = f"ipc://{tmp_path}/p.ipc"
+    down = Downstream(ctx, endpoint, ["infer-0"], "pre-0.0", Wire(TOKEN), DropCounter(LOG))
+    made.append(down)
+    strangers = []
+    for identity in (b"fuzz-0.0", b"\xff\xfe", b"infer-0", b"infer-x.1", b"infer-0.0"):
+        s = make_socket(ctx, zmq.DEALER, linger_ms=0, identity=identity)
+        s.connect(endpoint)
+        strangers.append(s)
+        made.append(s)
+    templates = [h for h in good_headers() if h["type"] in (CREDIT, ACK)]
+    for _ in range(FUZZ_ROUNDS // 3):  # one impersonates the consumer's first incarnation
+        header = mutate_header(rng, rng.choice(templates))
+        rng.choice(strangers).send_multipart([TOKEN, pack({**header, "arrays": []})])
+        if down.socket.poll(50):
+            while down.socket.poll(0):
+                down.handle()
+    assert down.drops.counts, "nothing was dropped: the fuzzer sent only good messages"
+    real = Upstream(ctx, [endpoint], ["pre-0"], "infer-0.1", 2, Wire(TOKEN), DropCounter(LOG))
+    made.append(real)
+    real.start()
+    deadline = time.perf_counter() + 5
+    while b"infer-0.1" not in down.peers or down.peers[b"infer-0.1"].credit < 2:
+        assert time.perf_counter() < deadline
+        if down.socket.poll(100):
+            down.handle()
+    assert down.send({"id": 0}) == b"infer-0.1"
+
+
+def test_a_consumer_survives_mutated_frames(ctx, made, tmp_path):
+    """What a DEALER reads from its producer: frames and end-of-stream, mutated."""
+    rng = random.Random(FUZZ_SEED + 5)
+    endpoint = f"ipc://{tmp_path}/c.ipc"
+    router = make_socket(ctx, zmq.ROUTER, linger_ms=0)
+    router.bind(endpoint)
+    made.append(router)
+    up = Upstream(ctx, [endpoint], ["pre-0"], "infer-0.0", 2, Wire(TOKEN), DropCounter(LOG))
+    made.append(up)
+    up.start()
+    assert router.poll(2000)
+    identity = router.recv_multipart()[0]
+    templates = [h for h in good_headers() if h["type"] in (FRAME, END)]
+    for _ in range(FUZZ_ROUNDS // 3):
+        router.send_multipart([identity, TOKEN, *fuzz_message(rng, templates)])
+        assert up.sockets[0].poll(2000)
+        msg = up.receive(up.sockets[0])
+        if msg is not None:
+            try:
+                check_fields(msg.header, PRE_FRAME, "frame")
+            except ProtocolError:
+                pass
+            up.ack(msg.header["id"], release=rng.random() < 0.5)
+    assert up.drops.counts
+
+
+def test_returns_and_heartbeats_survive_mutated_messages(tmp_path):
+    """A preprocess worker's slot returns and the runner's heartbeat table, on headers that
+    passed validation with random content."""
+    from types import SimpleNamespace
+
+    from workers.preprocess import FramesOut
+    rng = random.Random(FUZZ_SEED + 6)
+    args = SimpleNamespace(slot_bytes=1024, slot_count=2, run_tag=f"{os.getpid()}-fuzz", name="pre-0", incarnation=0)
+    frames_out = FramesOut(args)
+    health = Health(timeout_s=5.0)
+    health.expect("pre-0", 0)
+    templates = {RELEASE: {**good_headers()[5], "seg": frames_out.ring.name}, HEARTBEAT: good_headers()[9]}
+    try:
+        for _ in range(FUZZ_ROUNDS):
+            kind = rng.choice([RELEASE, HEARTBEAT])
+            header = mutate_header(rng, templates[kind])
+            if kind == HEARTBEAT and rng.random() < 0.5:
+                header["name"] = "pre-0"
+            try:
+                validate(header, {kind})
+            except ProtocolError:
+                continue
+            if kind == RELEASE:
+                frames_out.release_items(header)
+            else:
+                health.beat(header)
+                health.stuck()
+        assert 0 <= frames_out.ring.free_slots() <= frames_out.ring.count
+    finally:
+        frames_out.ring.close()
