@@ -9,6 +9,7 @@ exit 3 (test_pipeline), unknown flags and bad --imgsz/--device/--source values e
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import struct
@@ -197,7 +198,7 @@ def test_a_stopped_worker_is_named_killed_and_its_frames_sent_again(live):
     assert run.wait() == 0, run.stderr()
     report = run.report()
     assert frame_counts(report) == (40, 40, 0, 0)
-    assert "infer-0 has not answered for 2 s: killed it" in run.log()
+    assert re.search(r"infer-0 has not answered for \d+ s: killed it", run.log()), run.log()[-2000:]
     (restart,) = report["restarts"]
     assert restart["name"] == "infer-0" and restart["signal"] == "SIGKILL" and "has not answered" in restart["reason"]
     (worker,) = report["stages"]["infer"]["per_worker"]  # the new incarnation: the stopped one is nobody's busy time
