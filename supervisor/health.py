@@ -33,14 +33,17 @@ class Health:
     def forget(self, name: str) -> None:
         self.beats.pop(name, None)
 
-    def beat(self, header: dict) -> None:
+    def beat(self, header: dict) -> bool:
+        """Take a beat; False (nothing taken, its signal included) for a beat from an incarnation
+        already replaced or from a name that is no process of the run."""
         beat = self.beats.get(header["name"])
         if beat is None or header["incarnation"] != beat.incarnation:
-            return  # a beat from an incarnation already replaced
+            return False
         beat.last_s = time.perf_counter()
         beat.pid, beat.position, beat.loop_age_s = header["pid"], header["position"], header["loop_age_s"]
         if header.get("signal") and (header["name"], header["signal"]) not in self.signals:
             self.signals.append((header["name"], header["signal"]))
+        return True
 
     def ready(self) -> bool:
         """Every expected process has beaten at least once: start-up is over."""

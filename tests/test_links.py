@@ -115,6 +115,7 @@ def test_a_dead_consumers_frames_go_to_its_next_incarnation(ctx, made, tmp_path)
     assert down.send_queued() == 2  # within the new incarnation's credit, oldest first
     got = [receive(second).header["id"] for _ in range(2)]
     assert got == [0, 1] and down.resent_by == {"c-0.0": 3}
+    assert down.held_by() == {"c-0.1": [0, 1], "c-0.0": [2]}  # the one still waiting is the dead one's loss
 
 
 def test_peer_gone_resends_to_another_consumer(ctx, made, tmp_path):

@@ -72,6 +72,7 @@ class Downstream:
         self.latest: dict[str, int] = {}  # consumer name -> newest incarnation seen
         self.finished: set[str] = set()  # consumers gone for good: no incarnation will come
         self.queue: collections.deque[tuple[dict, list]] = collections.deque()  # frames to send again
+        self.queued_from: dict[int, str] = {}  # frame id in the queue -> the retired consumer that held it
         self.bytes_sent = 0
         self.frames_sent = 0
         self.resent = 0
@@ -138,6 +139,7 @@ class Downstream:
                 if frames:
                     key = f"{peer.name}.{peer.incarnation}"
                     self.resent_by[key] = self.resent_by.get(key, 0) + len(frames)
+                    self.queued_from.update((header["id"], key) for header, _ in frames)
                 del self.peers[identity]
         self.resent += count
         return count
@@ -181,6 +183,7 @@ class Downstream:
             header, arrays = self.queue[0]
             if self.send(header, arrays) is not None:
                 self.queue.popleft()
+                self.queued_from.pop(header["id"], None)
                 sent += 1
         return sent
 
@@ -223,11 +226,16 @@ class Downstream:
         return sum(len(p.in_flight) for p in self.peers.values())
 
     def held_by(self) -> dict[str, list[int]]:
-        """Frames sent but not yet acked, per consumer incarnation, and those waiting to go again."""
-        held = {f"{p.name}.{p.incarnation}": sorted(p.in_flight) for p in self.peers.values() if p.in_flight}
-        if self.queue:
-            held[self.identity] = sorted(h["id"] for h, _ in self.queue)
-        return held
+        """Frames sent but not yet acked, per consumer incarnation; a frame waiting to go again
+        under the retired consumer that held it (its loss is that consumer's death, not this
+        sender's), or under this sender when that is unknown."""
+        held: dict[str, list[int]] = {}
+        for peer in self.peers.values():
+            if peer.in_flight:
+                held.setdefault(f"{peer.name}.{peer.incarnation}", []).extend(peer.in_flight)
+        for header, _ in self.queue:
+            held.setdefault(self.queued_from.get(header["id"], self.identity), []).append(header["id"])
+        return {identity: sorted(ids) for identity, ids in held.items()}
 
     def close(self) -> None:
         self.socket.close()

@@ -68,7 +68,7 @@ _CHECKS = {INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
 def validate(header: dict, expected: frozenset[str] | set[str]) -> dict:
     """``header`` if its type is one of ``expected`` and its fields match :data:`SCHEMAS`."""
     kind = header.get("type")
-    if kind not in expected:
+    if not isinstance(kind, str) or kind not in expected:  # a list or map as type is not even hashable
         raise ProtocolError("schema", f"expected a message of type {sorted(expected)}, got {kind!r}")
     return check_fields(header, SCHEMAS[kind], kind)
 
@@ -87,8 +87,9 @@ def check_fields(header: dict, fields: dict[str, str], kind: str) -> dict:
                                           f"got {type(value).__name__}")
     if "t" in fields:
         _check_times(header["t"], kind)
-    if "ids" in fields:
-        _check_ints(header["ids"], "ids", kind)
+    for name in ("ids", "release"):  # id lists go into sets and dict lookups: unhashable items must not
+        if name in fields and header.get(name) is not None:
+            _check_ints(header[name], name, kind)
     return header
 
 

@@ -16,7 +16,7 @@ from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, e
 from workers.links import Downstream
 from workers.messages import FAILED, RELEASE, validate
 from workers.slots import SlotRing, segment_name
-from workers.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
+from workers.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
 from yolo.frames import Frame, FrameReadError, StreamError
 from yolo.imageio import DecodeOptions
 from yolo.letterbox import bgr_to_rgb_chw, letterbox
@@ -94,7 +94,8 @@ def run(args: StageArgs) -> None:
     heartbeat = Heartbeat(ctx, args)
     consumers = [f"infer-{i}" for i in range(len(args.endpoints.infer))]
     frames_out = Downstream(ctx, args.endpoints.pre[args.index], consumers, args.identity, args.wire, drops)
-    returns_in = make_socket(ctx, zmq.PULL, curve=args.wire.curve, curve_server=True)
+    returns_in = make_socket(ctx, zmq.PULL, max_message_bytes=FRAME_LIMITS.header_bytes, curve=args.wire.curve,
+                             curve_server=True)  # a larger message disconnects its sender, as on every bound socket
     returns_in.bind(args.endpoints.pre_returns[args.index])
     results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
     results_out.connect(args.endpoints.collector)

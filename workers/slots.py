@@ -29,10 +29,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from workers.transport import plain_dtype
+
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 SEGMENT_PREFIX = "yolo-pipeline-"
 ALIGN_BYTES = 64
 MAX_MAPPED_SEGMENTS = 64  # a consumer keeps this many producers' segments mapped
+MAX_DIM = 1 << 40  # largest dimension or offset a reference may name
 _NAME_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -170,17 +173,14 @@ class SlotViews:
         seg, off, dtype, shape = ref.get("seg"), ref.get("off"), ref.get("dtype"), ref.get("shape")
         if not isinstance(seg, str) or not seg.startswith(self.prefix) or not _NAME_PART.match(seg):
             raise SlotError(f"expected a segment of this run ({self.prefix}...), got {seg!r}")
-        try:
-            dtype = np.dtype(dtype) if isinstance(dtype, str) and len(dtype) <= 8 else None
-        except TypeError:
-            dtype = None
-        if dtype is None or dtype.kind not in "biuf":
+        dtype = plain_dtype(dtype, "biuf")
+        if dtype is None:
             raise SlotError(f"expected a numeric dtype in slot reference, got {ref.get('dtype')!r}")
-        if not isinstance(shape, list) or len(shape) > 4 or not all(isinstance(n, int) and n >= 0 for n in shape):
-            raise SlotError(f"expected a shape of up to 4 ints >= 0, got {shape!r}")
+        if not isinstance(shape, list) or len(shape) > 4 or not all(_is_size(n) for n in shape):
+            raise SlotError(f"expected a shape of up to 4 ints in [0, {MAX_DIM}), got {shape!r}")
         mapped = self._mapped(seg)
         nbytes = math.prod(shape) * dtype.itemsize
-        if not isinstance(off, int) or off < 0 or off % ALIGN_BYTES or off + nbytes > len(mapped):
+        if not _is_size(off) or off % ALIGN_BYTES or off + nbytes > len(mapped):
             raise SlotError(f"expected offset and size inside segment {seg} ({len(mapped)} bytes), "
                             f"got offset {off!r} and {nbytes} bytes")
         return np.ndarray(shape, dtype, buffer=mapped, offset=off)
@@ -204,6 +204,12 @@ class SlotViews:
         for mapped in self._maps.values():
             _close_quietly(mapped)
         self._maps.clear()
+
+
+def _is_size(n: object) -> bool:
+    """An int numpy takes as a dimension or offset (a zero elsewhere in a shape lets a huge one
+    pass the size check, and numpy refuses it with a TypeError)."""
+    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n < MAX_DIM
 
 
 def _close_quietly(mapped: mmap.mmap) -> None:

@@ -130,20 +130,27 @@ def send_message(
     return len(packed) + sum(payload.nbytes for payload in payloads)
 
 
+def plain_dtype(text: object, kinds: frozenset[str] | str) -> np.dtype | None:
+    """The numpy dtype a received string names, if it is short and of one of ``kinds``; None for
+    anything else. np.dtype raises TypeError, ValueError or even SyntaxError on strings a peer
+    may send (``","``, ``"(1,)("``), and accepts structured and subarray types, which are refused."""
+    if not isinstance(text, str) or len(text) > 8:
+        return None
+    try:
+        dtype = np.dtype(text)
+    except (TypeError, ValueError, SyntaxError):
+        return None
+    return dtype if dtype.kind in kinds and dtype.subdtype is None and dtype.names is None else None
+
+
 def _array_from_frame(frame: zmq.Frame, spec: object, position: int, limits: Limits) -> np.ndarray:
     if not isinstance(spec, (list, tuple)) or len(spec) != 2:
         raise ProtocolError("arrays", f"expected arrays[{position}] to be [dtype, shape], got {spec!r}")
     dtype_str, shape = spec
-    if not isinstance(dtype_str, str) or len(dtype_str) > 8:
-        raise ProtocolError("arrays", f"expected arrays[{position}] dtype to be a short string, got {dtype_str!r}")
-    try:
-        dtype = np.dtype(dtype_str)
-    except TypeError:
-        raise ProtocolError("arrays", f"expected arrays[{position}] dtype to be a numpy dtype, "
-                                      f"got {dtype_str!r}") from None
-    if dtype.kind not in ARRAY_KINDS:
-        raise ProtocolError("arrays", f"expected arrays[{position}] dtype to be bool/int/float/complex, "
-                                      f"got {dtype_str!r}")
+    dtype = plain_dtype(dtype_str, ARRAY_KINDS)
+    if dtype is None:
+        raise ProtocolError("arrays", f"expected arrays[{position}] dtype to be a short bool/int/float/complex "
+                                      f"numpy dtype string, got {dtype_str!r}")
     if not isinstance(shape, (list, tuple)) or len(shape) > 8 or not all(
         isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**40 for n in shape
     ):

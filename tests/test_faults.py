@@ -1,0 +1,319 @@
+"""Faults and bad input on live runs, each with its outcome: the exit code, the report's fields,
+the processes, the files left, and /dev/shm and the temporary folder empty afterwards.
+
+Already covered elsewhere and not repeated here: an undecodable image is a failed frame with
+exit 3 (test_pipeline), unknown flags and bad --imgsz/--device/--source values exit 2
+(test_pipeline), CUDA where there is none (test_pipeline), the pixel limit read from a header
+(test_imageio), CURVE refusing a socket without the run's key (test_transport)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import zmq
+
+from tests.live_run import SMALL_RUN, start_run
+from workers.lifecycle import TEST_SLOW_ENV
+
+pytestmark = pytest.mark.slow
+
+
+def _can_unshare() -> bool:
+    try:
+        return subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m none /mnt"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+needs_unshare = pytest.mark.skipif(not _can_unshare(), reason="needs unshare -rm and tmpfs mounts")
+
+
+@pytest.fixture
+def live(tmp_path):
+    """start_run(...) for the test; whatever the test leaves running is ended afterwards."""
+    runs = []
+
+    def start(*flags, **options):
+        run = start_run(tmp_path, *flags, **options)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+def frame_counts(report: dict) -> tuple[int, int, int, int]:
+    frames = report["frames"]
+    return frames["in"], frames["processed"], frames["failed"], frames["cancelled"]
+
+
+# -- a full disk ------------------------------------------------------------------------------------
+
+@needs_unshare
+def test_a_full_disk_stops_image_saving_once_and_keeps_the_report(live, tmp_path):
+    """The results folder is a 2 MB tmpfs: images fill it, saving stops with one error, every
+    frame is still detected and counted, the report files are written whole, exit code 4."""
+    disk, copied = tmp_path / "disk", tmp_path / "copied"
+    disk.mkdir()
+    script = (f"mount -t tmpfs -o size=2m none {disk} && {{runner}}; code=$?; "
+              f"cp -a {disk}/results {copied}; exit $code")
+    run = live(*SMALL_RUN, "--preset", "none", "--frames", "24", "--save-txt", shell=["unshare", "-rm", "sh", "-c"],
+               script=script, results=disk / "results")
+    run.wait_for_stage("pre-0")
+    runner_pid = run.runner_pid  # seen while it runs: the shell around it leads the session
+    code = run.wait()
+    assert code == 4, run.stderr()
+    run.results, run._runner_pid = copied, runner_pid  # the tmpfs went with its namespace: read the copy
+    errors = [line for line in run.stderr().splitlines() if "No space left on device writing" in line]
+    assert len(errors) == 1 and "image and label saving stopped, detections go on" in errors[0], run.stderr()
+    assert "24 frames in, 24 processed, 0 failed" in run.stdout()  # the summary still prints
+    report = run.report()  # whole: it parses
+    assert frame_counts(report) == (24, 24, 0, 0) and report["frames"]["accounted"]
+    assert "No space left on device" in report["outputs"]["image_error"]
+    assert json.loads((run.run_dir / "detections.json").read_text()) == []  # preset none: kept, and empty
+    assert json.loads((run.run_dir / "predictions.json").read_text()) == []
+    assert not list(run.run_dir.rglob("*.tmp*")), "a temporary file of an atomic write was left"
+    images = [p for p in (run.run_dir / "images").rglob("*") if p.is_file()]
+    assert 0 < len(images) < 24
+    assert all(cv2.imread(str(p)) is not None for p in images), "a truncated image was left"
+    run.assert_clean()
+
+
+# -- tcp: CURVE keys per run -------------------------------------------------------------------------
+
+def _free_port_run(count: int) -> int:
+    """A base port with ``count`` free consecutive ports after it."""
+    for base in range(36000, 60000, 97):
+        try:
+            held = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    pytest.skip("no run of free tcp ports")
+
+
+def test_tcp_strangers_cannot_connect_nor_take_frames(live):
+    """On tcp every bound socket is a CURVE server with keys made for this run: a stranger, with
+    or without CURVE, sends into none of them and takes no frame, and the run ends whole."""
+    ports = 7  # pre-0, pre-0-returns, infer-0, collector, control, progress, health
+    base = _free_port_run(ports)
+    run = live(*SMALL_RUN, "--preset", "none", "--frames", "30", "--transport", "tcp", "--tcp-base-port", str(base),
+               "--save-images", "1", env={TEST_SLOW_ENV: "post:40"})
+    run.wait_for_images(2)
+    ctx = zmq.Context()
+    strangers = []
+    try:
+        stranger_keys = zmq.curve_keypair()
+        for port in range(base, base + ports):
+            for curve in (False, True):
+                kind = zmq.SUB if port == base + 4 else zmq.DEALER
+                s = ctx.socket(kind)
+                s.setsockopt(zmq.LINGER, 0)
+                s.setsockopt(zmq.IDENTITY, b"infer-0.9")  # would take infer-0's frames if it got in
+                if kind == zmq.SUB:
+                    s.setsockopt(zmq.SUBSCRIBE, b"")
+                if curve:
+                    s.curve_publickey, s.curve_secretkey = stranger_keys
+                    s.curve_serverkey = zmq.curve_keypair()[0]  # not the run's server key
+                s.connect(f"tcp://127.0.0.1:{port}")
+                strangers.append(s)
+        for s in strangers:
+            if s.type == zmq.DEALER:
+                try:
+                    s.send_multipart([b"\0" * 16, b"\x82\xa4type\xa6credit\xa1n\x64"], flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # no connection was ever made: nothing to queue on
+        poller = zmq.Poller()
+        for s in strangers:
+            poller.register(s, zmq.POLLIN)
+        received = dict(poller.poll(1500))
+        assert not received, "a stranger received a message from the run"
+    finally:
+        for s in strangers:
+            s.close()
+        ctx.term()
+    assert run.wait() == 0, run.stderr()
+    report = run.report()
+    assert frame_counts(report) == (30, 30, 0, 0)
+    assert not report["dropped_messages"], "a stranger's message got through CURVE to be dropped later"
+    run.assert_clean()
+
+
+# -- workers killed, stopped, or restarted too often ---------------------------------------------------
+
+def test_killed_workers_are_restarted_and_every_frame_is_processed_once(live):
+    """SIGKILL to the preprocess, then the inference, then the postprocess worker mid-run: each is
+    restarted, the frames it held are sent again, every frame is processed once, exit 0, and the
+    report lists each restart with its signal, time and frames re-sent."""
+    run = live(*SMALL_RUN, "--preset", "none", "--frames", "90", "--save-images", "1",
+               env={TEST_SLOW_ENV: "infer:10,post:30"})
+    seen = 3
+    for name in ("pre-0", "infer-0", "post-0"):  # a sender's count of frames it re-sent dies with it: senders last
+        run.wait_for_images(seen)
+        victim = run.wait_for_stage(name)
+        victim.send_signal(signal.SIGKILL)
+        run.wait_until(lambda: (p := run.stage(name)) is not None and p.pid != victim.pid, 30, f"{name} restarted")
+        seen = run.images() + 4
+    assert run.wait() == 0, run.stderr()
+    report = run.report()
+    assert frame_counts(report) == (90, 90, 0, 0) and report["frames"]["accounted"]
+    assert report["frames"]["lost"] == 0
+    assert run.images() == 90  # one image per frame: none written twice under two names, none missing
+    restarts = report["restarts"]
+    assert [r["name"] for r in restarts] == ["pre-0", "infer-0", "post-0"]
+    assert all(r["signal"] == "SIGKILL" and r["at_s"] > 0 and not r["final"] for r in restarts), restarts
+    resent = {r["name"]: r["frames_resent"] for r in restarts}
+    assert resent["infer-0"] > 0 and resent["post-0"] > 0, resent  # both held frames when killed
+    assert "restarting it (1 of 3 restarts for infer)" in run.log()
+    run.assert_clean()
+
+
+def test_a_stopped_worker_is_named_killed_and_its_frames_sent_again(live):
+    """SIGSTOP to the inference worker: the heartbeat names it, it is handled as dead and
+    restarted, its frames are sent again, and the run ends with every frame processed."""
+    run = live(*SMALL_RUN, "--preset", "none", "--frames", "40", "--save-images", "1", "--heartbeat-timeout-s", "1.5",
+               env={TEST_SLOW_ENV: "post:30"})
+    run.wait_for_images(3)
+    victim = run.wait_for_stage("infer-0")
+    victim.send_signal(signal.SIGSTOP)
+    assert run.wait() == 0, run.stderr()
+    report = run.report()
+    assert frame_counts(report) == (40, 40, 0, 0)
+    assert re.search(r"infer-0 has not answered for \d+ s: killed it", run.log()), run.log()[-2000:]
+    (restart,) = report["restarts"]
+    assert restart["name"] == "infer-0" and restart["signal"] == "SIGKILL" and "has not answered" in restart["reason"]
+    (worker,) = report["stages"]["infer"]["per_worker"]  # the new incarnation: the stopped one is nobody's busy time
+    assert worker["incarnation"] == 1 and worker["busy_s"] <= worker["wall_s"]
+    assert report["stages"]["infer"]["utilisation"] <= 1.0
+    run.assert_clean()
+
+
+def test_more_deaths_than_max_restarts_abort_with_a_partial_report(live):
+    """--max-restarts 0 and the only inference worker killed: the run stops, exit 1, and the
+    partial report names who held each lost frame and counts the never-read ones as cancelled."""
+    run = live(*SMALL_RUN, "--preset", "none", "--frames", "200", "--save-images", "1", "--max-restarts", "0",
+               env={TEST_SLOW_ENV: "infer:30"})
+    run.wait_for_images(2)
+    run.wait_for_stage("infer-0").send_signal(signal.SIGKILL)
+    assert run.wait() == 1, run.stderr()
+    assert "killed by SIGKILL: no infer worker can take its frames; stopping the run" in run.stderr()
+    report = run.report()
+    frames_in, processed, failed, cancelled = frame_counts(report)
+    lost = [f for f in report["frames"]["failures"] if f["kind"] == "lost"]
+    assert frames_in == 200 and processed >= 2 and cancelled > 0 and report["frames"]["accounted"]
+    assert failed == 0 and report["frames"]["lost"] == len(lost) > 0  # lost is not failed, nor cancelled
+    assert processed + len(lost) + cancelled == frames_in
+    (restart,) = report["restarts"]
+    assert restart["name"] == "infer-0" and restart["final"]
+    for frame in lost:  # frames the dead worker held are named after it, not after who waits to resend them
+        assert frame["stage"] == "infer" and frame["worker"] == "infer-0", frame
+    run.assert_clean()
+
+
+# -- bad input in a source folder -------------------------------------------------------------------
+
+def write_huge_png(path: Path, side: int) -> None:
+    """A valid 1-bit grey PNG of side x side pixels (400 MP for 20000): a few hundred KB on
+    disk, gigabytes once decoded, made without ever holding it in memory."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    row = b"\0" * (1 + (side + 7) // 8)  # filter byte + packed bits
+    packer = zlib.compressobj(9)
+    body = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    ihdr = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+
+
+def write_clip(path: Path, frames: int) -> None:
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (96, 64))
+    for i in range(frames):
+        writer.write(np.full((64, 96, 3), 20 * i, np.uint8))
+    writer.release()
+
+
+def test_a_folder_of_bad_entries_gives_failed_frames_with_reasons(live, tmp_path):
+    """A huge-pixel image, one over --max-pixels, a broken symlink and an unsupported file are
+    failed frames with their reasons, never a memory blow-up; a video in the folder is read as a
+    video; --allow-failures makes the exit code 0."""
+    src = tmp_path / "src"
+    src.mkdir()
+    cv2.imwrite(str(src / "ok.png"), np.full((64, 96, 3), 120, np.uint8))
+    write_huge_png(src / "huge.png", 20000)
+    cv2.imwrite(str(src / "mid.png"), np.zeros((1000, 1200, 3), np.uint8))  # 1.2 MP: over --max-pixels
+    (src / "gone.jpg").symlink_to(src / "nowhere.jpg")
+    (src / "notes.txt").write_text("not an image\n")
+    write_clip(src / "clip.mp4", 6)
+    run = live(*SMALL_RUN, "--preset", "none", "--source", str(src), "--max-pixels", "1000000", "--allow-failures")
+    assert run.wait() == 0, run.stderr()
+    report = run.report()
+    frames_in, processed, failed, cancelled = frame_counts(report)
+    assert (frames_in, processed, failed, cancelled) == (11, 7, 4, 0)  # ok.png + 6 video frames; 4 failed
+    reasons = {f["name"]: f["reason"] for f in report["frames"]["failures"]}
+    assert set(reasons) == {"huge.png", "mid.png", "gone.jpg", "notes.txt"}
+    assert "max_pixels 1000000" in reasons["huge.png"] and "400.0" in reasons["huge.png"], reasons
+    assert "max_pixels 1000000" in reasons["mid.png"]
+    assert "broken symlink" in reasons["gone.jpg"] and "unsupported file type .txt" in reasons["notes.txt"], reasons
+    assert all(f["stage"] == "pre" and f["worker"] == "pre-0" for f in report["frames"]["failures"])
+    assert report["sources"]["videos"][0]["frames"] == 6
+    peak = report["resources"]["processes"]["pre-0"]["peak_rss_bytes"]
+    assert peak < 400 << 20, f"preprocess peaked at {peak >> 20} MiB"  # decoded, huge.png alone is 400 MB
+    run.assert_clean()
+
+
+# -- bad usage: exit 2 at the edge, nothing left ---------------------------------------------------
+
+def _usage_cases(tmp_path: Path) -> dict:
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "not-weights.pt").write_text("not a checkpoint")
+    return {
+        "results-is-a-file": (["--results", str(tmp_path / "a-file")], "expected a folder, got a file"),
+        "results-parent-is-a-file": (["--results", str(tmp_path / "a-file" / "results")], "cannot write run folders"),
+        "preset-foo": (["--preset", "foo"], "config preset: expected one of"),
+        "weights-missing": (["--weights", str(tmp_path / "missing.pt")], "no such file"),
+        "weights-not-a-checkpoint": (["--weights", str(tmp_path / "not-weights.pt")], "config weights"),
+        "source-empty-folder": (["--source", str(tmp_path / "empty")], "config source"),
+        "device-list-of-cpus": (["--device", "cpu,cpu"], "config device"),
+    }
+
+
+@pytest.mark.parametrize("case", ["results-is-a-file", "results-parent-is-a-file", "preset-foo", "weights-missing",
+                                  "weights-not-a-checkpoint", "source-empty-folder", "device-list-of-cpus"])
+def test_bad_usage_exits_2_naming_it_before_the_run(live, tmp_path, case):
+    flags, message = _usage_cases(tmp_path)[case]
+    results = tmp_path / "results"
+    run = live("--no-progress", *flags)  # a --results here comes after the helper's, and wins
+    assert run.wait(60) == 2
+    assert message in run.stderr() and "Traceback" not in run.stderr(), run.stderr()
+    assert not (results / "run").exists()  # no run folder was made
+    run.assert_clean()
+
+
+@needs_unshare
+def test_a_read_only_results_folder_exits_2_before_the_run(live, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    run = live("--no-progress", shell=["unshare", "-rm", "sh", "-c"],
+               script=f"mount -t tmpfs -o ro,size=1m none {folder} && {{runner}}", results=folder)
+    assert run.wait(60) == 2
+    assert f"cannot write run folders in '{folder}' (read-only file system)" in run.stderr(), run.stderr()
+    run.assert_clean()

@@ -1,0 +1,106 @@
+"""Ctrl-C and SIGTERM on a live run, delivered as a terminal or a process manager does: the exit
+code, the partial report, and after every exit no process, ipc folder, /dev/shm segment or
+temporary folder of the run left, and results/latest pointing only at a run folder with a report."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.live_run import SMALL_RUN, start_run
+from workers.lifecycle import TEST_SLOW_ENV
+
+pytestmark = pytest.mark.slow
+
+SLOW_RUN = (*SMALL_RUN, "--preset", "none", "--frames", "400", "--save-images", "1")
+SLOW_POST = {TEST_SLOW_ENV: "post:30"}  # about 30 frames a second: a run still going when the signal comes
+
+
+@pytest.fixture
+def live(tmp_path):
+    runs = []
+
+    def start(*flags, **options):
+        run = start_run(tmp_path, *flags, **options)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+def assert_partial_report(run, reason: str) -> dict:
+    report = run.report()
+    frames = report["frames"]
+    assert 0 < frames["processed"] < frames["in"] == 400
+    assert frames["cancelled"] > 0 and frames["accounted"]
+    assert frames["processed"] + frames["failed"] + frames["lost"] + frames["cancelled"] == frames["in"]
+    assert reason in (report["stop"]["reason"] or ""), report["stop"]
+    assert (run.results / "latest").resolve() == run.run_dir.resolve()
+    return report
+
+
+def test_ctrl_c_drains_the_run_and_exits_130_with_a_partial_report(live):
+    run = live(*SLOW_RUN, env=SLOW_POST)
+    run.wait_for_images(5)
+    run.ctrl_c()
+    started = time.monotonic()
+    assert run.wait() == 130, run.stderr()
+    assert time.monotonic() - started < 15
+    assert "Ctrl-C: finishing the frames in flight" in run.stderr()
+    report = assert_partial_report(run, "interrupted by Ctrl-C")
+    assert report["frames"]["lost"] == 0  # drained: what was in flight finished
+    assert "Traceback" not in run.stderr()
+    run.assert_clean()
+
+
+def test_a_second_ctrl_c_stops_at_once(live):
+    run = live(*SLOW_RUN, env={TEST_SLOW_ENV: "post:1000"})  # a drain of the frames in flight takes its 5 s limit
+    run.wait_for_images(1)
+    run.ctrl_c()
+    time.sleep(0.3)  # the first one has been taken: the drain began
+    run.ctrl_c()
+    started = time.monotonic()
+    assert run.wait() == 130, run.stderr()
+    assert time.monotonic() - started < 10  # a drain alone would take its 5 s, then the stop
+    assert "Ctrl-C again: stopping now" in run.stderr() and "Traceback" not in run.stderr()
+    report = assert_partial_report(run, "interrupted by Ctrl-C")
+    assert report["frames"]["lost"] > 0  # frames in flight were not finished: stopped, not drained
+    run.assert_clean()
+
+
+@pytest.mark.parametrize("target", ["runner", "group"])
+def test_sigterm_exits_143_with_a_report(live, target):
+    """SIGTERM to the runner alone (kill PID) or to its whole process group (a process manager):
+    the run drains as for Ctrl-C, writes its report and exits 143."""
+    run = live(*SLOW_RUN, env=SLOW_POST)
+    run.wait_for_images(5)
+    if target == "runner":
+        run.signal_runner(signal.SIGTERM)
+    else:
+        run.signal_group(signal.SIGTERM)
+    assert run.wait() == 143, run.stderr()
+    assert_partial_report(run, "SIGTERM")
+    assert "Traceback" not in run.stderr()
+    run.assert_clean()
+
+
+@pytest.mark.parametrize("when", ["imports", "processes"])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(live, when):
+    """Ctrl-C while the runner imports, or while its processes start (models loading): one line
+    saying so, exit 130, no traceback from any process, and no run folder left."""
+    run = live(*SMALL_RUN, "--frames", "8")  # the yolov5n model: its processes take seconds to start
+    if when == "imports":
+        time.sleep(0.3)
+    else:
+        run.wait_for_stage("collector", 30)
+    run.ctrl_c()
+    assert run.wait(30) == 130, run.stderr()
+    lines = [line for line in run.stderr().splitlines() if "interrupt" in line.lower()]
+    assert len(lines) == 1, run.stderr()
+    assert "Traceback" not in run.stderr() and "KeyboardInterrupt" not in run.stderr(), run.stderr()
+    assert not run.run_dir.exists(), sorted(p.name for p in run.run_dir.iterdir())
+    run.assert_clean()
