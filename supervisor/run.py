@@ -11,6 +11,7 @@ segment and temporary folder of the run is gone when this returns.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from analysis.atomic import write_bytes_atomic
 from supervisor.console import Console, ConsoleHandler
 from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
@@ -337,8 +339,7 @@ def _read_all(socket, token: bytes, types: set, drops: DropCounter, where: str, 
 
 
 def _on_beat(watch: Watch, header: dict) -> None:
-    watch.health.beat(header)
-    if header.get("signal") == "SIGTERM":
+    if watch.health.beat(header) and header.get("signal") == "SIGTERM":
         watch.interrupts.note("SIGTERM")
 
 
@@ -355,6 +356,7 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
     finished = watch.finished
     report_written = bool(finished and "report.json" in finished.get("written", ()))
     if report_written:
+        _add_runner_drops(run_dir, watch.drops.counts)
         point_latest(run_dir)
     summary = (finished or {}).get("summary") or None
     outcome = Outcome(EXIT_OK, run_dir, summary, watch.reason, report_written, watch.restart_log,
@@ -377,6 +379,21 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
         outcome.reason = (finished or {}).get("write_error") or (summary or {}).get("image_error") or \
             "the report could not be written"
     return outcome
+
+
+def _add_runner_drops(run_dir: str, counts: dict) -> None:
+    """The messages the runner itself refused go into report.json's dropped_messages as "runner":
+    the collector wrote the report before the runner's last message was read."""
+    if not counts:
+        return
+    path = os.path.join(run_dir, "report.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        report.setdefault("dropped_messages", {})["runner"] = dict(counts)
+        write_bytes_atomic(path, json.dumps(report, indent=1).encode())
+    except (OSError, ValueError) as exc:
+        log.error("could not add the runner's dropped messages to %s: %s", path, exc)
 
 
 def _remove_empty_run_dir(run_dir: str) -> None:

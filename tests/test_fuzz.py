@@ -487,15 +487,11 @@ def test_a_run_under_random_and_mutated_messages_still_ends_with_every_frame(fuz
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="supervisor/run.py: the runner's DropCounter (progress and health sockets) "
-                                       "is local to _watch and never reaches report.json")
 def test_the_runners_dropped_messages_are_counted_in_the_report(fuzzed_run):
     run, _, _ = fuzzed_run
     assert any(name.startswith("runner") for name in run.report()["dropped_messages"])
 
 
-@pytest.mark.xfail(strict=True, reason="supervisor/run.py _on_beat: a heartbeat's SIGTERM counts even when the beat "
-                                       "is from no process of the run (Health.beat ignored it)")
 def test_a_heartbeat_from_no_process_of_the_run_does_not_drain_it():
     from types import SimpleNamespace
 
