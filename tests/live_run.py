@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -47,7 +47,6 @@ class LiveRun:
     out_path: Path
     err_path: Path
     name: str = RUN_NAME
-    seen_pids: set[int] = field(default_factory=set)
     _runner_pid: int | None = None
 
     # -- what it wrote -------------------------------------------------------------------------------
@@ -105,7 +104,6 @@ class LiveRun:
                     found.append(process)
             except (ProcessLookupError, psutil.Error, OSError):
                 continue
-        self.seen_pids.update(p.pid for p in found)
         return found
 
     def stage(self, name: str) -> psutil.Process | None:

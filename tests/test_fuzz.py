@@ -342,6 +342,47 @@ def test_returns_and_heartbeats_survive_mutated_messages(tmp_path):
         frames_out.ring.close()
 
 
+@pytest.mark.parametrize("change", [{"video": {"item": "0", "index": 1}}, {"video": {"index": 1}}, {"video": [0, 1]},
+                                    {"px": [1]}, {"pre": ["pre-0"]}, {"cycle": "0"}, {"draw": {}},
+                                    {"predictions": "abc"}, {"image_error": 5}])
+def test_the_collectors_optional_fields_are_checked_on_arrival(change):
+    """What the collector acts on beyond the required fields (a video frame to write, a slot to
+    give back, predictions to keep) is checked too: malformed, the message is dropped, not a crash."""
+    result = {**good_headers()[6], "id": 3, **change}
+    with pytest.raises(ProtocolError) as error:
+        validate(result, {RESULT})
+    assert error.value.kind == "schema"
+    if "video" in change or "cycle" in change:
+        with pytest.raises(ProtocolError):
+            validate({**good_headers()[7], "id": 3, **change}, {FAILED})
+
+
+def test_slot_returns_ignore_results_that_name_no_slot(ctx, made, tmp_path):
+    """The collector gives a video frame's slot back from the result's px and pre: random ones
+    send nothing, raise nothing; a well-formed one still goes to its preprocess worker."""
+    from types import SimpleNamespace
+
+    from workers.links import SlotReturns
+    rng = random.Random(FUZZ_SEED + 8)
+    endpoint = f"ipc://{tmp_path}/returns.ipc"
+    pull = make_socket(ctx, zmq.PULL, linger_ms=0)
+    pull.bind(endpoint)
+    made.append(pull)
+    returns = SlotReturns(ctx, SimpleNamespace(wire=Wire(TOKEN), endpoints=SimpleNamespace(pre_returns=[endpoint])))
+    made.append(returns)
+    good = {"id": 3, "pre": "pre-0", "px": {"orig": {"seg": "yolo-pipeline-1-x-pre-0-0", "slot": 1, "off": 0}}}
+    for _ in range(FUZZ_ROUNDS):
+        header = mutate_header(rng, good)
+        header["id"] = 3
+        if header.get("pre") == "pre-0" and isinstance(header.get("px"), dict):
+            header["px"] = rng.choice([[1], "x", {"orig": [1]}, {"lb": {"slot": 1}}, {"orig": {"seg": 5, "slot": 1}}])
+        returns.release(header)
+    assert not pull.poll(100), "a malformed result released a slot"
+    returns.release(good)
+    assert pull.poll(2000)
+    assert recv_message(pull, token=TOKEN).header["items"] == [[1, 3]]
+
+
 # -- a live run under fire ----------------------------------------------------------------------------
 
 LIVE_FRAMES = 80

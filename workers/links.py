@@ -332,10 +332,11 @@ class SlotReturns:
     def release(self, header: dict) -> None:
         """Give back the slot of the frame ``header`` describes (its ``px`` references and the
         ``pre`` worker that lent them); nothing for a frame whose pixels travelled inline."""
-        ref = header["px"].get("orig") or header["px"].get("lb")
-        socket = self.sockets.get(header.get("pre"))
-        if not isinstance(ref, dict) or "seg" not in ref or socket is None:
-            return
+        px, pre = header.get("px"), header.get("pre")
+        ref = (px.get("orig") or px.get("lb")) if isinstance(px, dict) else None
+        socket = self.sockets.get(pre) if isinstance(pre, str) else None
+        if not isinstance(ref, dict) or not isinstance(ref.get("seg"), str) or "slot" not in ref or socket is None:
+            return  # inline pixels, or nothing that names a slot: the owner checks what a release names
         try:
             send_message(socket, {"type": RELEASE, "seg": ref["seg"], "items": [[ref["slot"], header["id"]]]},
                          token=self.token, flags=zmq.NOBLOCK)

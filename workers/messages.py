@@ -41,9 +41,12 @@ SCHEMAS: dict[str, dict[str, str]] = {
     FRAME: {"id": INT, "src": STR},  # what the link needs; stages check their content (FRAME_CONTENT)
     END: {},
     RELEASE: {"seg": STR, "items": LIST},
+    # The optional fields of results and failures are what the collector acts on (a video frame to
+    # write, a slot to give back): checked here too, so a malformed one is dropped, not a crash.
     RESULT: {"id": INT, "name": STR, "t": _TIMES, "detections": LIST, "workers": DICT, "batch": INT,
-             "image_saved": BOOL, "cold": BOOL},
-    FAILED: {"id": INT, "name": STR, "stage": STR, "worker": STR, "reason": STR},
+             "image_saved": BOOL, "cold": BOOL, "cycle": "?int", "video": "?dict", "px": "?dict", "pre": "?str",
+             "draw": "?list", "predictions": "?list", "image_error": "?str"},
+    FAILED: {"id": INT, "name": STR, "stage": STR, "worker": STR, "reason": STR, "cycle": "?int", "video": "?dict"},
     STATS: {"name": STR, "role": STR, "incarnation": INT, "pid": INT, "frames": INT, "wall_s": FLOAT,
             "busy_s": FLOAT, "busy_cpu_s": FLOAT, "cpu_s": FLOAT, "wait_in_s": FLOAT, "blocked_out_s": FLOAT,
             "frame_ms": DICT, "frame_cpu_ms": DICT, "substages_ms": DICT},
@@ -57,7 +60,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
 }
 # What a stage reads in a frame, beyond the link's fields: checked by the receiving stage.
 PRE_FRAME = {"name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST, "lb_shape": LIST,
-             "keep_image": BOOL, "pre": STR, "t": _TIMES, "px": DICT, "release_by": STR}
+             "keep_image": BOOL, "pre": STR, "t": _TIMES, "px": DICT, "release_by": STR, "video": "?dict"}
 INFER_FRAME = {**PRE_FRAME, "infer": STR, "batch": INT, "cold": BOOL}
 _CHECKS = {INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
            FLOAT: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
@@ -87,6 +90,8 @@ def check_fields(header: dict, fields: dict[str, str], kind: str) -> dict:
                                           f"got {type(value).__name__}")
     if "t" in fields:
         _check_times(header["t"], kind)
+    if "video" in fields and header.get("video") is not None:
+        _check_video(header["video"], kind)
     for name in ("ids", "release"):  # id lists go into sets and dict lookups: unhashable items must not
         if name in fields and header.get(name) is not None:
             _check_ints(header[name], name, kind)
@@ -96,6 +101,13 @@ def check_fields(header: dict, fields: dict[str, str], kind: str) -> dict:
 def _check_times(times: dict[str, Any], kind: str) -> None:
     if not all(isinstance(k, str) and _CHECKS[FLOAT](v) for k, v in times.items()):
         raise ProtocolError("schema", f"expected field 't' of a {kind!r} message to map names to seconds")
+
+
+def _check_video(video: dict, kind: str) -> None:
+    """A video frame's place: which planned item and which frame index in it."""
+    if not all(_CHECKS[INT](video.get(k)) and video[k] >= 0 for k in ("item", "index")):
+        raise ProtocolError("schema", f"expected field 'video' of a {kind!r} message to hold ints 'item' and "
+                                      f"'index' >= 0, got {sorted(map(str, video))}")
 
 
 def _check_ints(values: list, name: str, kind: str) -> None:
