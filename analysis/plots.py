@@ -27,14 +27,33 @@ STAGE_COLOURS = {"pre": "tab:blue", "infer": "tab:orange", "post": "tab:green"}
 MIB = 1 << 20
 
 
-def render_plots(run: RunData, report: dict) -> dict[str, bytes]:
-    """{file name: PNG bytes} of every plot that has data to show; {} without matplotlib."""
+def headless_pyplot(what: str):
+    """matplotlib.pyplot on the Agg backend, or None (with a warning naming ``what`` is skipped)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as exc:
-        log.warning("no plots: matplotlib unavailable (%s)", exc)
+        log.warning("no %s: matplotlib unavailable (%s)", what, exc)
+        return None
+    return plt
+
+
+def figure_png(plt, fig) -> bytes:
+    """The figure as PNG bytes; the figure is closed whatever happens (pyplot keeps them all)."""
+    try:
+        fig.tight_layout()
+        out = io.BytesIO()
+        fig.savefig(out, format="png", dpi=PLOT_DPI)
+        return out.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def render_plots(run: RunData, report: dict) -> dict[str, bytes]:
+    """{file name: PNG bytes} of every plot that has data to show; {} without matplotlib."""
+    plt = headless_pyplot("plots")
+    if plt is None:
         return {}
     figures = {"plots.png": throughput_figure, "latency.png": latency_figure, "timeline.png": timeline_figure,
                "modules.png": modules_figure, "resources.png": resources_figure}
@@ -52,15 +71,7 @@ def render_plots(run: RunData, report: dict) -> dict[str, bytes]:
 
 def _render(plt, draw, run: RunData, report: dict) -> bytes | None:
     fig = draw(plt, run, report)
-    if fig is None:
-        return None
-    try:
-        fig.tight_layout()
-        out = io.BytesIO()
-        fig.savefig(out, format="png", dpi=PLOT_DPI)
-        return out.getvalue()
-    finally:
-        plt.close(fig)
+    return None if fig is None else figure_png(plt, fig)
 
 
 def throughput_figure(plt, run: RunData, report: dict):

@@ -4,26 +4,17 @@ best marked. Drawn with matplotlib's Agg backend into PNG bytes; None without ma
 
 from __future__ import annotations
 
-import io
-import logging
-
+from analysis.plots import figure_png, headless_pyplot
 from analysis.sweep import SweepResult, mean_fps
 
-log = logging.getLogger(__name__)
-
-PLOT_DPI = 80
 PURPOSE_COLOURS = {"defaults": "tab:gray", "candidate": "tab:blue", "confirm": "tab:purple", "rematch": "tab:olive",
                    "final check": "tab:cyan"}
 BEST_COLOUR = "tab:orange"
 
 
 def sweep_png(result: SweepResult) -> bytes | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as exc:
-        log.warning("no sweep.png: matplotlib unavailable (%s)", exc)
+    plt = headless_pyplot("sweep.png")
+    if plt is None:
         return None
     measured = [t for t in result.trials if t.fps is not None]
     if not measured:
@@ -33,12 +24,10 @@ def sweep_png(result: SweepResult) -> bytes | None:
     try:
         _trial_path(path, result)
         _settings_bars(per_settings, result)
-        fig.tight_layout()
-        out = io.BytesIO()
-        fig.savefig(out, format="png", dpi=PLOT_DPI)
-        return out.getvalue()
-    finally:
+    except BaseException:
         plt.close(fig)
+        raise
+    return figure_png(plt, fig)
 
 
 def _settings_count(result: SweepResult) -> int:

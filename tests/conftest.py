@@ -1,5 +1,6 @@
-"""Shared test fixtures: the read-only fixture folder next to the repository, and the real
-YOLOv5n checkpoint loaded (fused) once per session."""
+"""Shared test fixtures: the read-only fixture folder next to the repository, the real
+YOLOv5n checkpoint loaded (fused) once per session, ZeroMQ contexts whose sockets are closed
+before they end, and live runs of the runner that are ended after each test."""
 
 from __future__ import annotations
 
@@ -43,3 +44,38 @@ def yolov5n(yolov5n_path: Path):
     from yolo.checkpoint import load_model
 
     return load_model(yolov5n_path)
+
+
+@pytest.fixture
+def ctx():
+    import zmq
+
+    context = zmq.Context()
+    yield context
+    context.term()
+
+
+@pytest.fixture
+def made(ctx):
+    """Links and sockets a test makes, closed at the end so ``ctx.term()`` never hangs."""
+    items = []
+    yield items
+    for item in items:
+        item.close()
+
+
+@pytest.fixture
+def live(tmp_path):
+    """start_run(...) for the test; whatever the test leaves running is ended afterwards."""
+    from tests.live_run import start_run
+
+    runs = []
+
+    def start(*flags, **options):
+        run = start_run(tmp_path, *flags, **options)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.close()

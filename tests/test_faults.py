@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.live_run import SMALL_RUN, start_run
+from tests.live_run import SMALL_RUN
 from workers.lifecycle import TEST_SLOW_ENV
 
 pytestmark = pytest.mark.slow
@@ -37,21 +37,6 @@ def _can_unshare() -> bool:
 
 
 needs_unshare = pytest.mark.skipif(not _can_unshare(), reason="needs unshare -rm and tmpfs mounts")
-
-
-@pytest.fixture
-def live(tmp_path):
-    """start_run(...) for the test; whatever the test leaves running is ended afterwards."""
-    runs = []
-
-    def start(*flags, **options):
-        run = start_run(tmp_path, *flags, **options)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.close()
 
 
 def frame_counts(report: dict) -> tuple[int, int, int, int]:

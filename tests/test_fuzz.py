@@ -163,21 +163,6 @@ def fuzz_message(rng: random.Random, templates: list[dict]) -> list[bytes]:
 
 # -- decoding and checks --------------------------------------------------------------------------------
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
-@pytest.fixture
-def made(ctx):
-    items = []
-    yield items
-    for item in items:
-        item.close()
-
-
 def socket_pair(ctx, made, kind_out=zmq.PUSH, kind_in=zmq.PULL, name="fuzz"):
     receiver = make_socket(ctx, kind_in, linger_ms=0)
     receiver.bind(f"inproc://{name}")

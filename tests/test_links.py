@@ -17,22 +17,6 @@ WIRE = Wire(TOKEN)
 LOG = logging.getLogger("test")
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
-@pytest.fixture
-def made(ctx):
-    """Links and sockets a test makes, closed at the end so ``ctx.term()`` never hangs."""
-    items = []
-    yield items
-    for item in items:
-        item.close()
-
-
 def wait_for(predicate, step, timeout_s=5.0):
     deadline = time.perf_counter() + timeout_s
     while not predicate():

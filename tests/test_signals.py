@@ -9,27 +9,13 @@ import time
 
 import pytest
 
-from tests.live_run import SMALL_RUN, start_run
+from tests.live_run import SMALL_RUN
 from workers.lifecycle import TEST_SLOW_ENV
 
 pytestmark = pytest.mark.slow
 
 SLOW_RUN = (*SMALL_RUN, "--preset", "none", "--frames", "400", "--save-images", "1")
 SLOW_POST = {TEST_SLOW_ENV: "post:30"}  # about 30 frames a second: a run still going when the signal comes
-
-
-@pytest.fixture
-def live(tmp_path):
-    runs = []
-
-    def start(*flags, **options):
-        run = start_run(tmp_path, *flags, **options)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.close()
 
 
 def assert_partial_report(run, reason: str) -> dict:

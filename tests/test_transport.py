@@ -22,13 +22,6 @@ RCVTIMEO_MS = 2000
 
 
 @pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
-@pytest.fixture
 def sockets(ctx, tmp_path):
     """Close every socket a test makes, so ``ctx.term()`` never hangs."""
     made = []
