@@ -251,7 +251,8 @@ def summary_of(report: dict) -> dict:
             "stream_errors": report["sources"]["stream_errors"],
             "dropped_at_source": report["sources"]["dropped_at_source"],
             "image_error": report["outputs"]["image_error"],
-            "stages": {role: {"workers": s["workers"], "ms_per_frame": s["ms_per_frame"]["mean"],
+            "stages": {role: {"workers": s["workers"],
+                              "ms_per_frame": s["ms_per_frame"]["mean"] if s["ms_per_frame"]["count"] else None,
                               "cpu_ms_per_frame": s["cpu_ms_mean"],
                               "utilisation": s["utilisation"], "cpu_utilisation": s["cpu_utilisation"],
                               "capacity_fps": s["capacity"]["fps"], "peak_pss_bytes": s["peak_pss_bytes"]}

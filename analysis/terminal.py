@@ -30,7 +30,8 @@ def format_summary(summary: dict, report: dict | None = None) -> str:
     lines.append(f"{'stage':<8}{'workers':>8}{'wall ms':>9}{'CPU ms':>8}{'busy %':>8}{'CPU %':>7}{'PSS MiB':>9}")
     for role in ROLES:
         s = summary["stages"][role]
-        lines.append(f"{role:<8}{s['workers']:>8}{s['ms_per_frame']:>9.1f}{_or_blank(s['cpu_ms_per_frame'], '.1f', 8)}"
+        lines.append(f"{role:<8}{s['workers']:>8}{_or_blank(s['ms_per_frame'], '.1f', 9)}"
+                     f"{_or_blank(s['cpu_ms_per_frame'], '.1f', 8)}"
                      f"{100 * s['utilisation']:>8.0f}{_or_blank(_times_100(s['cpu_utilisation']), '.0f', 7)}"
                      f"{_or_blank(s['peak_pss_bytes'] and s['peak_pss_bytes'] / MIB, '.0f', 9)}")
     if summary["bottleneck"]:

@@ -224,6 +224,9 @@ def test_empty_run_still_writes_a_report(tmp_path):
     assert summary["stable_reason"].startswith("no measured frames")
     assert load(tmp_path, "report.json")["latency_ms"]["count"] == 0
     assert "n/a" in format_summary(summary) and summary["files"]["failed"] == {}
+    assert all(stage["ms_per_frame"] is None for stage in summary["stages"].values())
+    stage_rows = [line for line in format_summary(summary).splitlines() if line.split()[:1] in (["pre"], ["infer"], ["post"])]
+    assert len(stage_rows) == 3 and not any("0.0" in row for row in stage_rows), stage_rows  # blank, not 0.0 ms
 
 
 def test_frame_without_an_unused_timestamp_is_reported():

@@ -1,11 +1,16 @@
 """analysis.resources by hand: CPU interpolated at the window's ends, restarts unwrapped,
-peak and mean memory, and the peak of the summed PSS."""
+peak and mean memory, and the peak of the summed PSS; the sampler on a process that exited."""
 
+import os
+import subprocess
+import sys
+import psutil
 import pytest
 
 from analysis.report import build_report
 from analysis.resources import cpu_between, cumulative_cpu, peak_pss_total, process_usage, resource_report
 from tests.analysis_runs import MIB, steady_run
+from workers.resources import ResourceSampler
 
 MB = 1_000_000
 
@@ -82,3 +87,34 @@ def test_other_jobs_load_leaves_fewer_cores_to_the_run():
     assert usage["cores"] == pytest.approx(1.0) and usage["saturation"] == pytest.approx(0.5)
     alone = resource_report(resources, 0.0, 10.0, 2)
     assert alone["cores"] == 2 and alone["other_load_cores"] is None and alone["saturation"] == pytest.approx(0.25)
+
+
+def test_a_process_whose_memory_reads_zero_gives_no_memory_sample(monkeypatch):
+    """A process in the middle of exiting has given back its memory, and /proc reads 0 for it
+    while its title can still be read: recorded as unknown, never as a 0 MiB peak."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    real_info, real_full = psutil.Process.memory_info, psutil.Process.memory_full_info
+
+    def exiting(real):
+        def read(self):
+            got = real(self)
+            return got._replace(rss=0, pss=0) if self.pid == child.pid and hasattr(got, "pss") else \
+                got._replace(rss=0) if self.pid == child.pid else got
+        read.__dict__.update(real.__dict__)  # psutil's oneshot() caches through attributes of the method
+        return read
+
+    monkeypatch.setattr(psutil.Process, "memory_info", exiting(real_info))
+    monkeypatch.setattr(psutil.Process, "memory_full_info", exiting(real_full))
+    try:
+        sampler = ResourceSampler(runner_pid=os.getpid())
+        sampler.sample(final=True)
+        sampler.sample()
+        samples = sampler.series[child.pid]["samples"]
+        assert len(samples) == 2 and all(s[2] is None and s[3] is None for s in samples), samples
+        assert samples[0][1] is not None, "its CPU time is still a sample"
+        mine = sampler.series[os.getpid()]["samples"][0]
+        assert mine[2] > 0 and mine[3] > 0, "a live process keeps its RSS and PSS"
+        assert process_usage(sampler.series[child.pid], 0.0, 1.0)["peak_pss_bytes"] is None
+    finally:
+        child.kill()
+        child.wait()

@@ -75,7 +75,9 @@ class ResourceSampler:
             entry = self.series.setdefault(process.pid, {"pid": process.pid, "samples": []})
             if not label.startswith("pid-") and label != "forkserver" or "label" not in entry:
                 entry["label"] = label  # a stage's title replaces what its process was called at birth
-            entry["samples"].append([time.perf_counter(), cpu.user + cpu.system, memory.rss,
+            if not memory.rss:  # an exited process not yet reaped: its memory reads 0, which is no sample
+                memory = None
+            entry["samples"].append([time.perf_counter(), cpu.user + cpu.system, memory and memory.rss,
                                      getattr(memory, "pss", None)])
         if any(len(e["samples"]) >= MAX_SAMPLES_PER_PROCESS for e in self.series.values()):
             for entry in self.series.values():
