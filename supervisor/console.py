@@ -49,8 +49,8 @@ class Console:
     def finish(self, fps: float | None) -> None:
         """Close the bar showing the run's measured fps, the figure the summary gives."""
         if self.bar is not None:
-            if fps is not None:
-                self.bar.set_postfix_str(f"{fps:.1f} fps measured", refresh=False)
+            # the summary's figure, or none: a rate counted over warm-up frames would contradict it
+            self.bar.set_postfix_str(f"{fps:.1f} fps measured" if fps is not None else "fps n/a", refresh=False)
             self.bar.close()
             self.bar = None
 
