@@ -182,11 +182,12 @@ def batch_lever(device_type: str, config: dict) -> dict | None:
             "bound_fps_after": None}
 
 
-def diagnose(stages: dict, cpu: dict, config: dict, machine: dict) -> dict:
+def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: bool = True) -> dict:
     """{"stage", "limit", "evidence", "hint", "levers", "cpu_shares", **pipeline_bound}: which
-    stage limits and what limits the pipeline ("cores", "stage" or "flow": no stage busy), the
-    queue states that show it, and the levers that fit, ranked by ``_ranked``; ``hint`` is the
-    first lever, or what sets the bound when no lever fits."""
+    stage limits and what limits the pipeline ("cores", "stage" or "flow": no stage busy;
+    "unmeasured" when no frame was measured), the queue states that show it, and the levers that
+    fit, ranked by ``_ranked``; ``hint`` is the first lever, or what sets the bound when no lever
+    fits."""
     device_type = machine.get("device_type", "cpu")
     levers = Levers(stages, cpu.get("cores"), cpu.get("cpu_ms_per_frame"))
     shares = cpu_shares(cpu.get("by_role", {}), cpu.get("cpu_ms_per_frame"))
@@ -195,6 +196,11 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict) -> dict:
     result = {**levers.now, "stage": role, "cpu_shares": shares, "saturation": saturation}
     if role is None:
         return {**result, "limit": None, "evidence": "no stage processed a frame", "hint": "", "levers": []}
+    if not measured:  # busy times then are start-up's and warm-up's: no lever can be read from them
+        return {**result, "limit": "unmeasured", "levers": [],
+                "evidence": "no frame was measured (warm-up and cold forwards took them all), so the busy times "
+                            "are those of start-up",
+                "hint": "run longer (--frames or --duration) to find what limits it"}
     evidence = queue_evidence(stages, role)
     if saturation is not None and saturation >= CORES_SATURATED:
         limit = "cores"

@@ -155,7 +155,7 @@ def bottleneck_lines(report: dict) -> list[str]:
     if neck["stage"] is None:
         return ["## Bottleneck", "", neck["evidence"] + ".", ""]
     limit = {"cores": "the CPU cores are the limit", "stage": "it is the limit",
-             "flow": "but it does not limit the run"}[neck["limit"]]
+             "flow": "but it does not limit the run", "unmeasured": "too short a run to say more"}[neck["limit"]]
     lines = ["## Bottleneck", "", f"**{ROLE_NAMES[neck['stage']]}** is the busiest stage; {limit}: {neck['evidence']}.",
              ""]
     if neck["levers"]:

@@ -107,6 +107,13 @@ def test_no_busy_stage_points_at_frames_in_flight():
     assert neck["limit"] == "flow" and "--prefetch" in neck["hint"] and neck["stage"] == "infer"
 
 
+def test_a_run_without_measured_frames_names_no_lever():
+    report = build_report(steady_run(frames=8, warmup=8, busy={"pre": 0.2, "infer": 0.5, "post": 0.2}))
+    neck = report["bottleneck"]
+    assert report["throughput"]["fps"] is None
+    assert neck["limit"] == "unmeasured" and neck["levers"] == [] and "run longer" in neck["hint"], neck
+
+
 def test_without_resource_samples_the_stages_cpu_is_used():
     report = build_report(steady_run(resources=False, cores=2, period_s=0.05))
     cpu = report["cpu"]

@@ -245,6 +245,12 @@ def test_on_a_gpu_a_busy_inference_stage_tries_a_larger_batch_first():
     assert first.settings.batch_size == 2
 
 
+def test_a_trial_that_measured_nothing_proposes_no_move():
+    analysis = Measurement(fps=None, bottleneck="infer", limit="unmeasured", cpu_saturation=None,
+                           utilisation={"pre": 0.1, "infer": 0.5, "post": 0.1})
+    assert propose(DEFAULTS_2_CORES, analysis, Machine(cores=8)) == []
+
+
 # -- what the sweep writes --------------------------------------------------------------------------
 
 @pytest.fixture()
