@@ -178,6 +178,16 @@ def modules_figure(plt, run: RunData, report: dict):
     return fig
 
 
+def memory_series(samples: list) -> tuple[str, list[tuple[float, float]]]:
+    """("PSS" or "RSS", [(t_s, bytes)]): one measure per process, never the two mixed (PSS is
+    read on fewer samples than RSS, and a line through both zigzags between them)."""
+    for measure, column in (("PSS", PSS), ("RSS", RSS)):
+        points = [(s[0], s[column]) for s in samples if s[column] is not None]
+        if points:
+            return measure, points
+    return "PSS", []
+
+
 def resources_figure(plt, run: RunData, report: dict):
     if not run.resources:
         return None
@@ -188,12 +198,13 @@ def resources_figure(plt, run: RunData, report: dict):
             continue
         t, cpu = cumulative_cpu(samples)
         cpu_axes.plot(t[1:] - run.started_s, 100 * np.diff(cpu) / np.maximum(np.diff(t), 1e-9), label=name)
-        memory = [(s[0] - run.started_s, (s[PSS] if s[PSS] is not None else s[RSS]) / MIB) for s in samples
-                  if (s[PSS] if s[PSS] is not None else s[RSS]) is not None]
+        measure, memory = memory_series(samples)
         if memory:
-            memory_axes.plot(*zip(*memory), label=name)
+            memory_axes.plot([t - run.started_s for t, _ in memory], [b / MIB for _, b in memory],
+                             marker=".", label=name if measure == "PSS" else f"{name} (RSS)")
     cpu_axes.set(ylabel="CPU % (100 = one core)", title="CPU per process")
-    memory_axes.set(xlabel="s since the first read", ylabel="PSS MiB (RSS where PSS is unknown)",
-                    title="memory per process")
+    memory_axes.set(xlabel="s since the first read", ylabel="PSS MiB", title="memory per process "
+                    "(PSS; RSS, marked, for a process whose PSS was never read)")
+    memory_axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     cpu_axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from analysis.plots import render_plots
+from analysis.plots import MIB, memory_series, render_plots
 from analysis.report import build_report, write_run_folder
 from tests.analysis_runs import steady_run
 from tests.test_analysis_markdown import yolo_like_module_rows
@@ -54,3 +54,11 @@ def test_missing_matplotlib_only_skips_the_plots(tmp_path, monkeypatch, caplog):
     assert "no plots: matplotlib unavailable" in caplog.text
     assert not list(tmp_path.glob("*.png")) and "## Plots" not in (tmp_path / "report.md").read_text()
     assert {"report.json", "report.md", "trace.json"} <= set(summary["files"]["written"])
+
+
+def test_a_memory_line_never_mixes_pss_and_rss():
+    pss_sometimes = [[0.0, 0.0, 400 * MIB, 100 * MIB], [0.5, 0.1, 410 * MIB, None], [1.0, 0.2, 420 * MIB, 120 * MIB]]
+    assert memory_series(pss_sometimes) == ("PSS", [(0.0, 100 * MIB), (1.0, 120 * MIB)])
+    rss_only = [[0.0, 0.0, 400 * MIB, None], [0.5, 0.1, None, None], [1.0, 0.2, 420 * MIB, None]]
+    assert memory_series(rss_only) == ("RSS", [(0.0, 400 * MIB), (1.0, 420 * MIB)])
+    assert memory_series([[0.0, 0.0, None, None]]) == ("PSS", [])

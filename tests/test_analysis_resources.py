@@ -118,3 +118,20 @@ def test_a_process_whose_memory_reads_zero_gives_no_memory_sample(monkeypatch):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_new_process_gets_its_pss_read_on_its_first_samples():
+    """PSS is read on one sample in PSS_EVERY, and on the first FIRST_PSS_READS samples of each
+    process, so a worker that lives shorter than PSS_EVERY samples still has a PSS."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        sampler = ResourceSampler(runner_pid=os.getpid())
+        for _ in range(ResourceSampler.PSS_EVERY):
+            sampler.sample()
+        pss = [s[3] for s in sampler.series[child.pid]["samples"]]
+        reads = ResourceSampler.FIRST_PSS_READS
+        assert len(pss) == ResourceSampler.PSS_EVERY and all(p and p > 0 for p in pss[:reads]), pss
+        assert all(p is None for p in pss[reads:]), "then only one sample in PSS_EVERY pays for the walk"
+    finally:
+        child.kill()
+        child.wait()

@@ -45,6 +45,7 @@ class ResourceSampler:
     sample in PSS_EVERY and None on the others; CPU and RSS are cheap and read every time."""
 
     PSS_EVERY = 4
+    FIRST_PSS_READS = 2  # read on a process's first samples too: a short-lived worker still gets a PSS
 
     def __init__(self, runner_pid: int):
         self.runner_pid = runner_pid
@@ -65,20 +66,23 @@ class ResourceSampler:
         except psutil.Error:
             return
         for process in processes:
+            known = self.series.get(process.pid)
+            read_pss = with_pss or known is None or known["pss_reads"] < self.FIRST_PSS_READS
             try:
                 with process.oneshot():
                     label = process_label(process, self.runner_pid)
                     cpu = process.cpu_times()
-                    memory = process.memory_full_info() if with_pss else process.memory_info()
+                    memory = process.memory_full_info() if read_pss else process.memory_info()
             except psutil.Error:  # it exited between listing and reading
                 continue
-            entry = self.series.setdefault(process.pid, {"pid": process.pid, "samples": []})
+            entry = self.series.setdefault(process.pid, {"pid": process.pid, "samples": [], "pss_reads": 0})
             if not label.startswith("pid-") and label != "forkserver" or "label" not in entry:
                 entry["label"] = label  # a stage's title replaces what its process was called at birth
             if not memory.rss:  # an exited process not yet reaped: its memory reads 0, which is no sample
                 memory = None
-            entry["samples"].append([time.perf_counter(), cpu.user + cpu.system, memory and memory.rss,
-                                     getattr(memory, "pss", None)])
+            pss = getattr(memory, "pss", None)
+            entry["pss_reads"] += pss is not None
+            entry["samples"].append([time.perf_counter(), cpu.user + cpu.system, memory and memory.rss, pss])
         if any(len(e["samples"]) >= MAX_SAMPLES_PER_PROCESS for e in self.series.values()):
             for entry in self.series.values():
                 entry["samples"] = entry["samples"][::2]
