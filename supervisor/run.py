@@ -203,6 +203,15 @@ class Watch:
         self.console.progress(header["processed"], header["failed"])
 
 
+def frames_planned(cfg: RunConfig, plan) -> str:
+    """What the run will read, in words: a --duration run plans more frames than it will take."""
+    if cfg.duration:
+        return f"frames for {cfg.duration:g} s"
+    if plan.total is None:
+        return "frames until the stream ends or the run is stopped"
+    return f"{plan.total} frames"
+
+
 def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, *, show_progress: bool = True,
                  runner_started_s: float | None = None) -> Outcome:
     """Run the pipeline once; raises UsageError before anything starts if a socket cannot be bound."""
@@ -212,7 +221,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     log_path = os.path.join(run_dir, "run.log")
     file_log = logging.FileHandler(log_path, encoding="utf-8")
     file_log.setFormatter(logging.Formatter(LOG_FORMAT))
-    console = Console(show_progress, plan.total, log_path)
+    console = Console(show_progress, None if cfg.duration else plan.total, log_path)  # None: the bar counts up
     console_log = ConsoleHandler(console, level=logging.getLogger().getEffectiveLevel())
     root = logging.getLogger()
     saved_handlers = root.handlers[:]
@@ -240,8 +249,8 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         template = StageArgs(name="", index=0, config=cfg, plan=plan, endpoints=endpoints, wire=wire,
                              log_path=log_path, run_dir=run_dir, run_tag=run_tag, names=names,
                              runner_pid=os.getpid(), slot_bytes=slot_bytes, slot_count=slot_count)
-        log.info("run %s: %s frames from %s; %d pre, %d infer (%s, %d threads each), %d post workers",
-                 os.path.basename(run_dir), plan.total, cfg.source, cfg.pre_workers, cfg.infer_workers,
+        log.info("run %s: %s from %s; %d pre, %d infer (%s, %d threads each), %d post workers",
+                 os.path.basename(run_dir), frames_planned(cfg, plan), cfg.source, cfg.pre_workers, cfg.infer_workers,
                  ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
         log.debug("ipc sockets in %s; shared-memory segments %s*", ipc_dir, run_tag)
         launcher = Launcher(template, collector_extra=(worker_names, runner_started_s, machine.as_dict()))

@@ -1,13 +1,17 @@
-"""The runner's frame bar ends on the figure the summary prints, or on none."""
+"""What the runner says of a run: the start line's frame count in words, and a frame bar that
+counts up when the run has no known length and ends on the figure the summary prints, or none."""
 
 import io
+from types import SimpleNamespace
 
 from supervisor.console import Console
+from supervisor.run import frames_planned
+from workers.config import RunConfig
 
 
-def _bar_after(fps):
+def _bar_after(fps, total=8):
     stream = io.StringIO()
-    console = Console(show_progress=True, total=8, log_path="/nonexistent/run.log", stream=stream)
+    console = Console(show_progress=True, total=total, log_path="/nonexistent/run.log", stream=stream)
     for done in (2, 5, 8):
         console.progress(processed=done, failed=0)
     console.finish(fps)
@@ -22,3 +26,15 @@ def test_the_bar_ends_on_the_measured_fps():
 def test_without_measured_frames_the_bar_gives_no_rate():
     last = _bar_after(None)
     assert "fps n/a" in last and "measured" not in last and "failed" not in last, last
+
+
+def test_a_run_without_a_known_length_counts_up():
+    last = _bar_after(9.5, total=None)
+    assert "8/?" in last and "9.5 fps measured" in last, last
+
+
+def test_the_start_line_says_what_the_run_will_read():
+    assert frames_planned(RunConfig(), SimpleNamespace(total=64)) == "64 frames"
+    # a --duration run plans a frame ceiling it will not reach: the line gives the time instead
+    assert frames_planned(RunConfig(duration=8.0), SimpleNamespace(total=8000)) == "frames for 8 s"
+    assert frames_planned(RunConfig(), SimpleNamespace(total=None)).startswith("frames until the stream ends")
