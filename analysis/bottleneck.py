@@ -19,6 +19,7 @@ from analysis.stats import ratio
 CORES_SATURATED = 0.90  # CPU used / (cores x window) from which the cores are the limit
 STAGE_BUSY = 0.75  # below this, no stage limits: too few frames in flight, or the source
 LEVER_MIN_SHARE = 0.05  # a part of the work worth naming takes at least this share of a frame's CPU
+SOURCE_WAIT_CPU_SHARE = 0.3  # preprocess CPU below this share of its busy time: it waits on a live stream
 QUEUE_NOTE = 0.10  # mention a neighbour's wait or block from this share of its time
 MIN_IMGSZ = 320
 IMGSZ_STEP = 32
@@ -182,12 +183,21 @@ def batch_lever(device_type: str, config: dict) -> dict | None:
             "bound_fps_after": None}
 
 
-def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: bool = True) -> dict:
+def waits_on_a_live_source(stages: dict) -> bool:
+    """Preprocess busy by the wall clock but mostly idle on its CPU: it spends its time waiting
+    for the next frame of a live stream, which counts as busy time but uses no core."""
+    pre = stages["pre"]
+    return (bool(pre["workers"]) and pre["cpu_utilisation"] is not None
+            and pre["cpu_utilisation"] < SOURCE_WAIT_CPU_SHARE * pre["utilisation"])
+
+
+def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: bool = True,
+             live_source: bool = False) -> dict:
     """{"stage", "limit", "evidence", "hint", "levers", "cpu_shares", **pipeline_bound}: which
     stage limits and what limits the pipeline ("cores", "stage" or "flow": no stage busy;
-    "unmeasured" when no frame was measured), the queue states that show it, and the levers that
-    fit, ranked by ``_ranked``; ``hint`` is the first lever, or what sets the bound when no lever
-    fits."""
+    "source": a live stream delivers frames no faster; "unmeasured" when no frame was measured),
+    the queue states that show it, and the levers that fit, ranked by ``_ranked``; ``hint`` is
+    the first lever, or what sets the bound when no lever fits."""
     device_type = machine.get("device_type", "cpu")
     levers = Levers(stages, cpu.get("cores"), cpu.get("cpu_ms_per_frame"))
     shares = cpu_shares(cpu.get("by_role", {}), cpu.get("cpu_ms_per_frame"))
@@ -202,6 +212,13 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
                             "are those of start-up",
                 "hint": "run longer (--frames or --duration) to find what limits it"}
     evidence = queue_evidence(stages, role)
+    if live_source and role == "pre" and waits_on_a_live_source(stages):
+        pre = stages["pre"]
+        return {**result, "limit": "source", "levers": [],
+                "evidence": (f"preprocess is busy {100 * pre['utilisation']:.0f} % of its time but uses "
+                             f"{100 * pre['cpu_utilisation']:.0f} % of a core: it waits for the live stream's "
+                             "next frame"),
+                "hint": "the live source sets the rate: the pipeline keeps up with it, no setting here raises it"}
     if saturation is not None and saturation >= CORES_SATURATED:
         limit = "cores"
         evidence = (f"{100 * saturation:.0f} % busy ({saturation * cpu['cores']:.2f} of the {cpu['cores']:.2f} cores left to it), "

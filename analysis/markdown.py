@@ -44,8 +44,8 @@ def config_line(report: dict) -> str:
     for role in ROLES:
         stage = report["stages"][role]
         threads = sorted({(w.get("threads") or {}).get("torch") for w in stage["per_worker"]} - {None})
-        shown = "/".join(map(str, threads)) or "?"
-        roles.append(f"{stage['workers']} {role} x {shown} thread{'s' if threads != [1] else ''}")
+        shown = f" x {'/'.join(map(str, threads))} torch thread{'s' if threads != [1] else ''}" if threads else ""
+        roles.append(f"{stage['workers']} {role}{shown}")  # no torch in a stage, no torch threads to show
     letterbox = "rect" if cfg.get("rect") else "square"
     machine = report["machine"]
     return (f"Device {cfg.get('device')} ({machine['cores']} cores); {', '.join(roles)}; batch {cfg.get('batch_size')}; "
@@ -79,7 +79,7 @@ def failure_lines(failures: list[dict]) -> list[str]:
 
 
 def incident_lines(report: dict) -> list[str]:
-    """Restarts, cancelled frames and dropped messages, when there were any."""
+    """Restarts, cancelled frames, live streams and dropped messages, when there were any."""
     lines = []
     if report["restarts"]:
         lines += ["## Restarts", ""]
@@ -93,6 +93,14 @@ def incident_lines(report: dict) -> list[str]:
         more = f" and {count - LISTED_FAILURES} more" if count > LISTED_FAILURES else ""
         lines += ["## Cancelled frames", "", f"{count} frames never started because the run stopped: "
                   f"{names}{more}.", ""]
+    sources = report["sources"]
+    if sources["streams"] or sources["stream_errors"]:
+        lines += ["## Live streams", "", f"{sources['dropped_at_source']} frames dropped at the source in all "
+                  "(a newer frame replaced each while the pipeline was busy).", ""]
+        lines += _table(["stream", "grabbed", "kept (vid-stride)", "delivered", "dropped", "reconnects"],
+                        [[s["name"], str(s["grabbed"]), str(s["kept"]), str(s["delivered"]), str(s["dropped"]),
+                          str(s["reconnects"])] for s in sources["streams"]])
+        lines += [""] + [f"- error: {e}" for e in sources["stream_errors"]] + ([""] if sources["stream_errors"] else [])
     if report["dropped_messages"]:
         lines += ["## Dropped messages", ""]
         lines += [f"- {name}: " + ", ".join(f"{count} {kind}" for kind, count in kinds.items())
@@ -155,7 +163,8 @@ def bottleneck_lines(report: dict) -> list[str]:
     if neck["stage"] is None:
         return ["## Bottleneck", "", neck["evidence"] + ".", ""]
     limit = {"cores": "the CPU cores are the limit", "stage": "it is the limit",
-             "flow": "but it does not limit the run", "unmeasured": "too short a run to say more"}[neck["limit"]]
+             "flow": "but it does not limit the run", "unmeasured": "too short a run to say more",
+             "source": "the live source limits the run"}[neck["limit"]]
     lines = ["## Bottleneck", "", f"**{ROLE_NAMES[neck['stage']]}** is the busiest stage; {limit}: {neck['evidence']}.",
              ""]
     if neck["levers"]:

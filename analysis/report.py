@@ -133,7 +133,9 @@ def build_report(run: RunData) -> dict:
         "throughput": throughput,
         "latency_ms": interval_ms(measured, "read_start", "post_end"),
         "stage_latency_ms": {name: interval_ms(measured, t0, t1) for name, (t0, t1) in STAGE_INTERVALS.items()},
-        "stages": stages, "cpu": cpu, "bottleneck": diagnose(stages, cpu, run.config, machine, measured=throughput["fps"] is not None),
+        "stages": stages, "cpu": cpu,
+        "bottleneck": diagnose(stages, cpu, run.config, machine, measured=throughput["fps"] is not None,
+                               live_source=bool(run.sources.get("streams"))),
         "resources": usage, "restarts": [{**r, "at_s": r["t_s"] - run.started_s} for r in run.restarts],
         "dropped_messages": {process_label(w): w["dropped_messages"] for w in run.workers
                              if any((w.get("dropped_messages") or {}).values())},

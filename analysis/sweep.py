@@ -262,7 +262,7 @@ def propose(incumbent: Settings, analysis: Measurement, machine: Machine,
     (``analysis``) names them; a move with key ``repeat`` (the last one that paid) goes first
     when the analysis still names it."""
     saturated = analysis.limit == "cores" or (analysis.cpu_saturation or 0.0) >= CORES_SATURATED
-    if analysis.bottleneck is None or analysis.limit == "unmeasured":  # nothing measured to move from
+    if analysis.bottleneck is None or analysis.limit in ("unmeasured", "source"):  # nothing here to move
         return []
     if saturated:
         moves = saturated_moves(incumbent, analysis, machine)

@@ -13,10 +13,13 @@ def _or_blank(value: float | None, spec: str, width: int) -> str:
 
 
 def format_summary(summary: dict, report: dict | None = None) -> str:
-    """At most 13 lines. ``report`` is accepted for today's runner, which passes report.json's
+    """At most 14 lines. ``report`` is accepted for today's runner, which passes report.json's
     content, and is not read: the summary holds everything printed."""
     lines = [f"run {summary['run_id']}: {summary['frames_in']} frames in, {summary['processed']} processed, "
              f"{summary['failed']} failed, {summary['lost']} lost, {summary['cancelled']} cancelled"]
+    source = _source_line(summary)
+    if source:
+        lines.append(source)
     if summary["fps"] is None:
         lines.append(f"throughput  n/a: {summary['stable_reason']}")
     else:
@@ -43,6 +46,18 @@ def format_summary(summary: dict, report: dict | None = None) -> str:
     if failed:
         lines.append(f"NOT WRITTEN {', '.join(failed)}: {next(iter(failed.values()))}")
     return "\n".join(lines)
+
+
+def _source_line(summary: dict) -> str:
+    """Frames a live source dropped and its errors, when there were any."""
+    parts = []
+    dropped = summary.get("dropped_at_source") or 0
+    if dropped:
+        parts.append(f"{dropped} frames dropped at the source (newer frames replaced them while the pipeline was busy)")
+    errors = summary.get("stream_errors") or []
+    if errors:
+        parts.append(f"{len(errors)} stream error{'s' if len(errors) > 1 else ''}: {errors[0]}")
+    return "source      " + "; ".join(parts) if parts else ""
 
 
 def _times_100(value: float | None) -> float | None:

@@ -114,6 +114,28 @@ def test_a_run_without_measured_frames_names_no_lever():
     assert neck["limit"] == "unmeasured" and neck["levers"] == [] and "run longer" in neck["hint"], neck
 
 
+LIVE_STREAM = {"streams": [{"name": "http://camera/stream", "item": 0, "grabbed": 300, "kept": 300, "delivered": 300,
+                             "dropped": 0, "pending": 0, "reconnects": 0}], "stream_errors": [], "dropped_at_source": 0}
+
+
+def waiting_on_the_camera(**changes):
+    """8 cores, preprocess busy 96 % of its time by the wall clock and 1 ms of its 33 ms per frame on
+    a core: the time is spent waiting for a 30 fps stream's next frame."""
+    return steady_run(cores=8, period_s=1 / 30, wall_ms={"pre": 33.0, "infer": 20.0, "post": 5.0},
+                      cpu_ms={"pre": 1.0}, busy={"pre": 0.96, "infer": 0.3, "post": 0.1}, frames=300, **changes)
+
+
+def test_a_pipeline_waiting_on_a_live_stream_names_the_source():
+    neck = build_report(waiting_on_the_camera(sources=LIVE_STREAM))["bottleneck"]
+    assert neck["stage"] == "pre" and neck["limit"] == "source" and neck["levers"] == [], neck
+    assert "live source" in neck["hint"] and "waits for the live stream" in neck["evidence"]
+
+
+def test_a_file_source_is_never_blamed_on_the_source():
+    neck = build_report(waiting_on_the_camera())["bottleneck"]
+    assert neck["limit"] != "source" and "live source" not in neck["hint"], neck
+
+
 def test_without_resource_samples_the_stages_cpu_is_used():
     report = build_report(steady_run(resources=False, cores=2, period_s=0.05))
     cpu = report["cpu"]

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from analysis.markdown import NESTED_MARK, module_lines, module_table_rows
+from analysis.markdown import NESTED_MARK, config_line, module_lines, module_table_rows
 from analysis.report import build_report, write_run_folder
+from analysis.terminal import format_summary
 from analysis.trace import trace_events
 from tests.analysis_runs import STARTED_S, steady_run
 from yolo.module_stats import RESIDUAL_NAME, aggregate
@@ -101,3 +102,28 @@ def test_trace_puts_frames_after_a_restart_on_the_new_process():
 def test_report_without_incidents_has_no_incident_sections():
     report = build_report(steady_run())
     assert report["restarts"] == [] and report["dropped_messages"] == {} and report["frames"]["cancelled"] == 0
+
+
+def test_live_streams_are_listed_with_their_drops(tmp_path):
+    stream = {"name": "rtsp://camera/1", "item": 0, "grabbed": 330, "kept": 330, "delivered": 318, "dropped": 12,
+              "pending": 0, "reconnects": 1}
+    sources = {"streams": [stream], "stream_errors": ["rtsp://camera/1: no frame for 5 s (reconnect 1 of 3)"],
+               "dropped_at_source": 12}
+    summary = write_run_folder(str(tmp_path), steady_run(sources=sources))
+    text = (tmp_path / "report.md").read_text()
+    assert "## Live streams" in text and "12 frames dropped at the source in all" in text
+    assert "| rtsp://camera/1 | 330 | 330 | 318 | 12 | 1 |" in text and "- error: rtsp://camera/1: no frame" in text
+    terminal = format_summary(summary)
+    assert "source      12 frames dropped at the source" in terminal and "1 stream error: rtsp://camera/1" in terminal
+    (tmp_path / "files").mkdir()
+    quiet = format_summary(write_run_folder(str(tmp_path / "files"), steady_run()))
+    assert "## Live streams" not in (tmp_path / "files" / "report.md").read_text() and "source  " not in quiet
+
+
+def test_the_config_line_shows_torch_threads_only_where_torch_runs():
+    run = steady_run()
+    for worker in run.workers:
+        if worker["role"] == "pre":
+            worker["threads"] = {"opencv": 1}  # preprocess never imports torch
+    line = config_line(build_report(run))
+    assert "2 pre, 2 infer x 1 torch thread, 2 post x 1 torch thread;" in line and "?" not in line, line
