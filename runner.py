@@ -96,6 +96,15 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
     return ns.pop("config"), ns
 
 
+def flag_named(message: str, flags: dict) -> str:
+    """Errors name the setting ("config imgsz: ..."); when its value came from a flag, name the
+    flag the user typed instead ("--imgsz: ...")."""
+    key, sep, rest = message.removeprefix("config ").partition(":")
+    if message.startswith("config ") and sep and flags.get(key) is not None:
+        return f"--{'no-progress' if key == 'progress' else key.replace('_', '-')}:{rest}"
+    return message
+
+
 def prepare(cfg):
     """The resolved configuration, machine, class names and frame plan; ConfigError names what is bad."""
     from supervisor.prepare import check_results_dir, check_run_name, plan_source, resolve
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         start_fork_server()  # torch imports there while the rest is checked here
         cfg, machine, names, plan = prepare(cfg)
     except (ConfigError, ValueError) as exc:
-        log.error("error: %s", exc)
+        log.error("error: %s", flag_named(str(exc), overrides))
         stop_helper_processes(wait=False)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -273,11 +273,11 @@ def _usage_cases(tmp_path: Path) -> dict:
     return {
         "results-is-a-file": (["--results", str(tmp_path / "a-file")], "expected a folder, got a file"),
         "results-parent-is-a-file": (["--results", str(tmp_path / "a-file" / "results")], "cannot write run folders"),
-        "preset-foo": (["--preset", "foo"], "config preset: expected one of"),
+        "preset-foo": (["--preset", "foo"], "--preset: expected one of"),
         "weights-missing": (["--weights", str(tmp_path / "missing.pt")], "no such file"),
-        "weights-not-a-checkpoint": (["--weights", str(tmp_path / "not-weights.pt")], "config weights"),
-        "source-empty-folder": (["--source", str(tmp_path / "empty")], "config source"),
-        "device-list-of-cpus": (["--device", "cpu,cpu"], "config device"),
+        "weights-not-a-checkpoint": (["--weights", str(tmp_path / "not-weights.pt")], "--weights:"),
+        "source-empty-folder": (["--source", str(tmp_path / "empty")], "--source:"),
+        "device-list-of-cpus": (["--device", "cpu,cpu"], "--device:"),
     }
 
 

@@ -81,11 +81,21 @@ def test_bad_input_exits_2(tmp_path, flags):
     assert exc.value.code == 2
 
 
-def test_unknown_config_key_is_named(tmp_path, capsys):
+def test_unknown_config_key_is_named(tmp_path, caplog):
     bad = tmp_path / "bad.toml"
     bad.write_text("[pipeline]\nworkerz = 3\n")
     code = runner.main(["--config", str(bad), "--no-progress"])
-    assert code == 2
+    assert code == 2 and "workerz" in caplog.text, caplog.text
+
+
+def test_a_bad_value_is_named_as_the_user_gave_it(tmp_path, caplog):
+    from_file = tmp_path / "imgsz.toml"
+    from_file.write_text("[detect]\nimgsz = 33\n")
+    assert runner.main(["--config", str(from_file), "--no-progress"]) == 2
+    assert "error: config imgsz: expected a positive multiple of 32, got 33" in caplog.text, caplog.text
+    caplog.clear()
+    assert runner.main(["--imgsz", "33", "--no-progress"]) == 2
+    assert "error: --imgsz: expected a positive multiple of 32, got 33" in caplog.text, caplog.text
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
