@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import math
 import os
 import tempfile
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from workers.config import ConfigError, RunConfig
+from workers.slots import SHM_DIR, free_bytes
 from yolo.precision import choose_precision, has_native_bf16, read_cpu_flags
 from yolo.presets import MODEL_FREE, PRESETS
 
@@ -21,6 +23,9 @@ DEFAULT_ORIGINAL_HW = (1080, 1920)  # slot size for originals when the source's 
 PROBED_FILES = 64  # image headers read to size the slots
 HEADER_BYTES = 1 << 16  # enough of a file for its width and height
 MAX_SLOT_ORIGINAL_PIXELS = 3840 * 2160  # a larger original travels in its message instead
+SHM_FILL = 0.8  # the rings may take this share of the free shared memory; the rest for restarts' rings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -164,7 +169,14 @@ def slot_plan(cfg: RunConfig, plan) -> tuple[int, int]:
     credit_per_producer = max(1, math.ceil(cfg.batch_size * cfg.prefetch / cfg.pre_workers))
     at_inference = cfg.infer_workers * credit_per_producer + cfg.batch_size
     at_postprocess = math.ceil(cfg.post_workers * cfg.prefetch * cfg.infer_workers / cfg.pre_workers)
-    return slot_bytes, at_inference + at_postprocess + 2
+    slot_count = at_inference + at_postprocess + 2
+    needed, free = slot_bytes * slot_count * cfg.pre_workers, free_bytes()
+    if needed > SHM_FILL * free:
+        log.warning("shared memory: the frame slots need %.0f MB and %s has %.0f MB free: frames travel in the "
+                    "messages instead (slower; give the container a larger /dev/shm, e.g. docker --shm-size=1g)",
+                    needed / 1e6, SHM_DIR, free / 1e6)
+        return 0, 0
+    return slot_bytes, slot_count
 
 
 def _aligned(nbytes: int) -> int:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.live_run import SMALL_RUN
+from tests.live_run import REPO, SMALL_RUN
 from workers.lifecycle import TEST_SLOW_ENV
 
 pytestmark = pytest.mark.slow
@@ -74,6 +76,41 @@ def test_a_full_disk_stops_image_saving_once_and_keeps_the_report(live, tmp_path
     assert 0 < len(images) < 24
     assert all(cv2.imread(str(p)) is not None for p in images), "a truncated image was left"
     run.assert_clean()
+
+
+@needs_unshare
+def test_a_small_dev_shm_sends_the_frames_in_messages_instead(live, tmp_path):
+    """/dev/shm a 16 MB tmpfs (Docker gives 64 MB): the frame slots do not fit, so the run says
+    so once and carries the pixels in its messages; every frame is processed, no SIGBUS."""
+    shm_copy = tmp_path / "shm-after"
+    script = (f"mount -t tmpfs -o size=16m none /dev/shm && {{runner}}; code=$?; "
+              f"ls -A /dev/shm > {shm_copy}; exit $code")
+    run = live(*SMALL_RUN, "--preset", "none", "--frames", "24", shell=["unshare", "-rm", "sh", "-c"], script=script)
+    assert run.wait() == 0, run.stderr()
+    warnings = [line for line in run.stderr().splitlines() if "frames travel in the messages instead" in line]
+    assert len(warnings) == 1 and "/dev/shm has" in warnings[0], run.stderr()
+    report = run.report()
+    assert frame_counts(report) == (24, 24, 0, 0)
+    assert report["links"]["pre->infer"]["bytes_per_frame"] > 64 * 64 * 3, "the pixels went in the messages"
+    assert shm_copy.read_text() == "", "nothing left in the run's /dev/shm"
+    run.assert_clean()
+
+
+def test_a_ring_larger_than_the_free_shared_memory_is_refused_not_a_sigbus(tmp_path):
+    """The ring's file is allocated whole when made: a tmpfs too small gives ENOSPC at once (and no
+    file), where a sparse file would kill its writer with SIGBUS later."""
+    if not _can_unshare():
+        pytest.skip("needs unshare -rm and tmpfs mounts")
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    probe = ("import errno, os; from workers.slots import SlotRing\n"
+             f"try:\n    SlotRing('ring', 1 << 20, 8, directory={str(folder)!r})\n"
+             "except OSError as exc:\n    print('refused', errno.errorcode[exc.errno], os.listdir("
+             f"{str(folder)!r}))\n")
+    out = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=2m none {folder} && "
+                          f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "refused ENOSPC []", (out.stdout, out.stderr)
 
 
 # -- tcp: CURVE keys per run -------------------------------------------------------------------------

@@ -5,6 +5,7 @@ within the credit each inference worker granted. Imports no torch."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import numpy as np
@@ -15,12 +16,14 @@ from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, e
                                setup_logging, test_slowdown_ms, worker_stats)
 from workers.links import Downstream
 from workers.messages import FAILED, RELEASE, validate
-from workers.slots import SlotRing, segment_name
+from workers.slots import SHM_DIR, SlotRing, segment_name
 from workers.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
 from yolo.frames import Frame, FrameReadError, StreamError
 from yolo.imageio import DecodeOptions
 from yolo.letterbox import bgr_to_rgb_chw, letterbox
 from yolo.reader import ShareReader
+
+log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
 LETTERBOX_STRIDE = 32  # the max stride of every YOLOv5 P5 model; inference checks its model agrees
@@ -52,8 +55,12 @@ class FramesOut:
     def __init__(self, args: StageArgs):
         self.ring = None
         if args.slot_bytes:
-            self.ring = SlotRing(segment_name(args.run_tag, args.name, args.incarnation), args.slot_bytes,
-                                 args.slot_count)
+            try:
+                self.ring = SlotRing(segment_name(args.run_tag, args.name, args.incarnation), args.slot_bytes,
+                                     args.slot_count)
+            except OSError as exc:  # shared memory full (ENOSPC): the frames still go, as bytes
+                log.warning("%s: no room for %d x %.1f MB of frame slots in %s (%s): frames travel in the messages",
+                            args.name, args.slot_count, args.slot_bytes / 1e6, SHM_DIR, exc.strerror or exc)
 
     def has_room(self) -> bool:
         return self.ring is None or self.ring.free_slots() > 0

@@ -55,17 +55,32 @@ def _aligned(nbytes: int) -> int:
     return (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
 
 
+def free_bytes(directory: str = SHM_DIR) -> int:
+    """Bytes free for new segments in ``directory`` (a tmpfs: Docker's /dev/shm is 64 MB)."""
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
+
+
 def _map_file(path: str, size: int, create: bool) -> mmap.mmap:
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
     fd = os.open(path, flags, 0o600)
     try:
         if create:
-            os.ftruncate(fd, size)
+            # fallocate, not ftruncate: a tmpfs too small for the ring fails here with ENOSPC, where a
+            # sparse file would kill the process with SIGBUS at the first write past the free space
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError:
+                os.close(fd)
+                fd = -1
+                os.unlink(path)
+                raise
         else:
             size = os.fstat(fd).st_size
         return mmap.mmap(fd, size)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 class SlotRing:
