@@ -9,7 +9,7 @@ processes joined by ZeroMQ, watches them, shows progress, stops them all at the 
 
 Exit codes: 0 every frame processed; 1 the run was aborted; 2 bad usage or configuration;
 3 finished but some frames failed (--allow-failures makes that 0); 4 finished but some output
-could not be written (disk full); 130 / 143 interrupted by Ctrl-C / SIGTERM.
+could not be written (disk full); 130 / 143 / 129 interrupted by Ctrl-C / SIGTERM / SIGHUP.
 """
 
 from __future__ import annotations

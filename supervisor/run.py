@@ -17,7 +17,7 @@ import os
 import secrets
 import shutil
 import signal
-import tempfile
+import socket as socket_module
 import time
 from dataclasses import dataclass, field
 
@@ -30,7 +30,8 @@ from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
 from supervisor.processes import Launcher, role_of
 from supervisor.signals import Interrupts
 from workers.config import RunConfig
-from workers.lifecycle import LOG_FORMAT, StageArgs, Wire, make_endpoints
+from workers.lifecycle import (LOG_FORMAT, Endpoints, StageArgs, Wire, make_endpoints, make_ipc_dir,
+                               remove_stale_ipc_dirs)
 from workers.messages import DRAIN, FINISHED, HEARTBEAT, PEER_GONE, PROGRESS, STOP, validate
 from workers.slots import remove_segments, remove_stale_segments
 from workers.transport import REPORT_LIMITS, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
@@ -164,7 +165,8 @@ class Watch:
         if count == self.seen_interrupts:
             return
         self.seen_interrupts = count
-        what = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}.get(self.interrupts.received[-1], "a signal")
+        what = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP (terminal closed)"}.get(
+            self.interrupts.received[-1], "a signal")
         if count == 1 and self.phase == "running":
             self.console.say(f"{what}: finishing the frames in flight (at most {DRAIN_TIMEOUT_S:.0f} s); "
                              "press Ctrl-C again to stop at once")
@@ -216,7 +218,10 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
                  runner_started_s: float | None = None) -> Outcome:
     """Run the pipeline once; raises UsageError before anything starts if a socket cannot be bound."""
     runner_started_s = runner_started_s or time.perf_counter()
+    if cfg.transport == "tcp":
+        check_tcp_ports(make_endpoints("tcp", "", cfg.tcp_host, cfg.tcp_base_port, cfg.pre_workers, cfg.infer_workers))
     removed = remove_stale_segments()
+    removed_dirs = remove_stale_ipc_dirs()
     run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
     log_path = os.path.join(run_dir, "run.log")
     file_log = logging.FileHandler(log_path, encoding="utf-8")
@@ -226,9 +231,10 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     root = logging.getLogger()
     saved_handlers = root.handlers[:]
     root.handlers = [file_log, console_log]
-    if removed:
-        log.info("removed %d shared-memory segments left by runs that were killed", len(removed))
-    ipc_dir = tempfile.mkdtemp(prefix="yolo-")  # mode 0700: only this user reaches the ipc sockets
+    if removed or removed_dirs:
+        log.info("removed %d shared-memory segments and %d ipc folders left by runs that were killed",
+                 len(removed), len(removed_dirs))
+    ipc_dir = make_ipc_dir()
     token = secrets.token_bytes(16)
     wire = Wire(token, CurveKeys.generate() if cfg.transport == "tcp" else None)
     run_tag = f"{os.getpid()}-{token.hex()[:8]}"
@@ -285,6 +291,23 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         root.handlers = saved_handlers
         file_log.close()
     return _outcome(cfg, watch, run_dir, interrupts)
+
+
+def check_tcp_ports(endpoints: Endpoints) -> None:
+    """Every port the run's processes will bind, tried now: a port in use is a usage error found
+    before any process starts (a worker finding it later would only die)."""
+    urls = endpoints.urls()
+    for url in urls:
+        host, port = url.removeprefix("tcp://").rsplit(":", 1)
+        host = host.strip("[]")
+        family = socket_module.AF_INET6 if ":" in host else socket_module.AF_INET
+        with socket_module.socket(family, socket_module.SOCK_STREAM) as probe:
+            probe.setsockopt(socket_module.SOL_SOCKET, socket_module.SO_REUSEADDR, 1)  # as ZeroMQ binds
+            try:
+                probe.bind((host, int(port)))
+            except OSError as exc:
+                raise UsageError(f"--tcp-base-port: port {port} on {host} is not free ({exc.strerror}); the run "
+                                 f"binds {len(urls)} consecutive ports from --tcp-base-port") from None
 
 
 def _bound(ctx, kind: int, endpoint: str, wire: Wire, sockets: list) -> zmq.Socket:
@@ -348,8 +371,8 @@ def _read_all(socket, token: bytes, types: set, drops: DropCounter, where: str, 
 
 
 def _on_beat(watch: Watch, header: dict) -> None:
-    if watch.health.beat(header) and header.get("signal") == "SIGTERM":
-        watch.interrupts.note("SIGTERM")
+    if watch.health.beat(header) and header.get("signal") in ("SIGTERM", "SIGHUP"):
+        watch.interrupts.note(header["signal"])
 
 
 def _on_progress(watch: Watch, header: dict) -> None:

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM in the runner: a flag, never an exception in the middle of a loop.
+"""Ctrl-C, SIGTERM and SIGHUP in the runner: a flag, never an exception in the middle of a loop.
 
 The first one drains the run (stop reading, finish what is in flight, write a partial report),
 the second stops it at once, the third kills every process. Children are started with SIGINT and
@@ -13,7 +13,8 @@ import contextlib
 import signal
 from dataclasses import dataclass, field
 
-EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}  # 128 + the signal number, as the shell reports
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal or ssh session closed
 
 
 @dataclass
@@ -22,7 +23,7 @@ class Interrupts:
     _previous: dict = field(default_factory=dict)
 
     def install(self) -> Interrupts:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._note)
         return self
 
@@ -35,7 +36,7 @@ class Interrupts:
         self.received.append(signal.Signals(signum).name)
 
     def note(self, name: str) -> None:
-        """A signal a worker received and passed on (a SIGTERM to the process group)."""
+        """A signal a worker received and passed on (a SIGTERM or SIGHUP to the process group)."""
         if name not in self.received:
             self.received.append(name)
 
@@ -53,9 +54,9 @@ class Interrupts:
 @contextlib.contextmanager
 def quiet_children():
     """Around starting a process (a few milliseconds: fork and exec, or a request to the fork
-    server): it inherits SIGINT and SIGTERM ignored until its entry point takes them over. A
-    signal to the runner inside this window is lost; the user's next one is not."""
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    server): it inherits SIGINT, SIGTERM and SIGHUP ignored until its entry point takes them over.
+    A signal to the runner inside this window is lost; the user's next one is not."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
     try:
         yield
     finally:

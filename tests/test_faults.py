@@ -133,6 +133,20 @@ def _free_port_run(count: int) -> int:
     pytest.skip("no run of free tcp ports")
 
 
+def test_a_tcp_port_in_use_exits_2_before_any_process_starts(live):
+    """A worker's port (infer-0's, the third) held by another program: found by the runner before
+    it starts anything, named, exit 2, and no run folder."""
+    base = _free_port_run(7)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", base + 2))
+        squatter.listen()
+        run = live(*SMALL_RUN, "--preset", "none", "--frames", "8", "--transport", "tcp", "--tcp-base-port", str(base))
+        assert run.wait(60) == 2, run.stderr()
+    assert f"--tcp-base-port: port {base + 2} on 127.0.0.1 is not free" in run.stderr(), run.stderr()
+    assert "Traceback" not in run.stderr() and not run.run_dir.exists()
+    run.assert_clean()
+
+
 def test_tcp_strangers_cannot_connect_nor_take_frames(live):
     """On tcp every bound socket is a CURVE server with keys made for this run: a stranger, with
     or without CURVE, sends into none of them and takes no frame, and the run ends whole."""

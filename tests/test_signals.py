@@ -58,18 +58,20 @@ def test_a_second_ctrl_c_stops_at_once(live):
     run.assert_clean()
 
 
-@pytest.mark.parametrize("target", ["runner", "group"])
-def test_sigterm_exits_143_with_a_report(live, target):
-    """SIGTERM to the runner alone (kill PID) or to its whole process group (a process manager):
-    the run drains as for Ctrl-C, writes its report and exits 143."""
+@pytest.mark.parametrize("sent, target, code", [(signal.SIGTERM, "runner", 143), (signal.SIGTERM, "group", 143),
+                                                 (signal.SIGHUP, "group", 129)])
+def test_sigterm_and_sighup_drain_the_run_with_a_report(live, sent, target, code):
+    """SIGTERM to the runner alone (kill PID) or to its whole process group (a process manager),
+    or SIGHUP to the group (the terminal or ssh session closed): the run drains as for Ctrl-C,
+    writes its report and exits 128 + the signal number."""
     run = live(*SLOW_RUN, env=SLOW_POST)
     run.wait_for_images(5)
     if target == "runner":
-        run.signal_runner(signal.SIGTERM)
+        run.signal_runner(sent)
     else:
-        run.signal_group(signal.SIGTERM)
-    assert run.wait() == 143, run.stderr()
-    assert_partial_report(run, "SIGTERM")
+        run.signal_group(sent)
+    assert run.wait() == code, run.stderr()
+    assert_partial_report(run, sent.name)
     assert "Traceback" not in run.stderr()
     run.assert_clean()
 

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from workers.lifecycle import IPC_DIR_PREFIX, remove_stale_ipc_dirs
 from workers.slots import (SEGMENT_PREFIX, SlotError, SlotRing, SlotViews, remove_segments, remove_stale_segments,
                            segment_name)
 
@@ -100,3 +101,16 @@ def test_removing_a_runs_segments_and_those_of_dead_runners(tmp_path):
     assert not os.path.exists(mine.path) and other.exists()
     stale.close()
     mine.close()
+
+
+def test_ipc_folders_of_runners_that_are_gone_are_removed(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"{IPC_DIR_PREFIX}{gone.pid}-abc"
+    mine = tmp_path / f"{IPC_DIR_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{IPC_DIR_PREFIX}notapid"
+    for folder in (stale, mine, other):
+        folder.mkdir()
+    (stale / "collector").write_text("a socket file once")
+    assert remove_stale_ipc_dirs(str(tmp_path)) == [stale.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])

@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,10 +20,12 @@ import zmq
 
 from analysis.samples import Samples
 from workers.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
+from workers.slots import pid_alive
 from workers.transport import CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
 LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 TITLE_PREFIX = "yolo-pipeline"
+IPC_DIR_PREFIX = "yolo-ipc-"  # + the runner's pid + "-" + random
 HEARTBEAT_INTERVAL_S = 0.5
 CONTROL_TYPES = frozenset({DRAIN, STOP, PEER_GONE})
 
@@ -38,6 +42,10 @@ class Endpoints:
     progress: str
     health: str
 
+    def urls(self) -> list[str]:
+        """Every endpoint of the run, each once."""
+        return [*self.pre, *self.pre_returns, *self.infer, self.collector, self.control, self.progress, self.health]
+
 
 def make_endpoints(transport: str, ipc_dir: str, tcp_host: str, tcp_base_port: int, pre: int,
                    infer: int) -> Endpoints:
@@ -53,6 +61,25 @@ def make_endpoints(transport: str, ipc_dir: str, tcp_host: str, tcp_base_port: i
                      infer=tuple(urls[f"infer-{i}"] for i in range(infer)),
                      collector=urls["collector"], control=urls["control"], progress=urls["progress"],
                      health=urls["health"])
+
+
+def make_ipc_dir() -> str:
+    """A mode-0700 folder (only this user reaches the ipc sockets) named with the runner's pid,
+    so that a later run can tell the folder of a killed runner from a live one's."""
+    return tempfile.mkdtemp(prefix=f"{IPC_DIR_PREFIX}{os.getpid()}-")
+
+
+def remove_stale_ipc_dirs(directory: str | None = None) -> list[str]:
+    """Remove this user's ipc folders of runners that are gone (a SIGKILLed runner leaves its own)."""
+    directory = directory or tempfile.gettempdir()
+    removed = []
+    for entry in os.scandir(directory):
+        pid_text = entry.name[len(IPC_DIR_PREFIX):].split("-", 1)[0]
+        if (entry.name.startswith(IPC_DIR_PREFIX) and pid_text.isdigit() and entry.is_dir(follow_symlinks=False)
+                and entry.stat(follow_symlinks=False).st_uid == os.getuid() and not pid_alive(int(pid_text))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -96,17 +123,18 @@ class StageArgs:
 
 def enter_process(args: StageArgs) -> None:
     """First thing in every stage: its title in ps/top, and its signals. SIGINT (Ctrl-C reaches
-    the whole process group) is the runner's to act on, by draining the run; SIGTERM is noted
-    and passed to the runner through the heartbeat, which drains the run the same way."""
+    the whole process group) is the runner's to act on, by draining the run; SIGTERM and SIGHUP
+    are noted and passed to the runner through the heartbeat, which drains the run the same way."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _note_sigterm)
+    signal.signal(signal.SIGTERM, _note_stop_signal)
+    signal.signal(signal.SIGHUP, _note_stop_signal)
     set_title(args.name)
 
 
 _received_signal: list[str] = []
 
 
-def _note_sigterm(signum, frame) -> None:
+def _note_stop_signal(signum, frame) -> None:
     if not _received_signal:
         _received_signal.append(signal.Signals(signum).name)
 

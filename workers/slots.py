@@ -250,7 +250,7 @@ def remove_stale_segments(directory: str = SHM_DIR) -> list[str]:
     removed = []
     for name in _segment_files(directory):
         pid_text = name[len(SEGMENT_PREFIX):].split("-", 1)[0]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_alive(int(pid_text)):
             _unlink_quietly(os.path.join(directory, name))
             removed.append(name)
     return removed
@@ -263,7 +263,8 @@ def _segment_files(directory: str) -> list[str]:
         return []
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that pid exists (a runner's: the leftovers named after it are in use)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
