@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import runner
+from yolo.precision import has_native_bf16, read_cpu_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,8 +44,10 @@ def test_synthetic_run_folder_is_complete_and_consistent(tmp_path):
     outermost = [m["share"] for m in report["modules"] if m["outermost"] and m["share"] is not None]
     assert sum(outermost) == pytest.approx(1.0, abs=1e-6)
     assert [m["name"] for m in report["modules"]][:3] == ["model.0", "model.1", "model.2"]
-    assert all(link["bytes_per_frame"] > 0 for link in report["links"].values())
+    # images saved (every 3rd) and still under 4 KB a frame on every link: pixels go by reference
+    assert all(0 < link["bytes_per_frame"] < 4096 for link in report["links"].values()), report["links"]
     assert set(report["links"]) == {"pre->infer", "infer->post", "post->collector"}
+    assert {w["precision"] for w in report["stages"]["infer"]["per_worker"]} == {"fp32"}
     trace = load(run_dir, "trace.json")
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert {"pre-0", "infer-0", "post-0", "collector"} <= tracks
@@ -96,6 +99,13 @@ def test_a_bad_value_is_named_as_the_user_gave_it(tmp_path, caplog):
     caplog.clear()
     assert runner.main(["--imgsz", "33", "--no-progress"]) == 2
     assert "error: --imgsz: expected a positive multiple of 32, got 33" in caplog.text, caplog.text
+
+
+@pytest.mark.skipif(has_native_bf16(read_cpu_flags()), reason="this CPU has native bf16: --half is valid")
+def test_half_on_a_cpu_without_bf16_exits_2_naming_what_is_missing(tmp_path, caplog):
+    assert runner.main(["--half", "--device", "cpu", "--results", str(tmp_path), "--no-progress"]) == 2
+    assert "--half: half precision on the CPU means bfloat16" in caplog.text and "avx512_bf16" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # refused before any run folder
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
