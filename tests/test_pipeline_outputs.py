@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import runner
+from tests.media import MediaServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIP_FRAMES, CLIP_FPS, CLIP_SIZE = 24, 12.0, (160, 96)  # (w, h)
@@ -173,3 +174,21 @@ def test_model_free_run_and_lean_stages(tmp_path):
     loaded = report["environment"]["torch_loaded"]
     assert loaded["pre-0"] is False and loaded["collector"] is False  # OpenCV and numpy only
     assert all(link["bytes_per_frame"] < 4096 for link in report["links"].values())  # pixels go by reference
+
+
+def test_a_live_stream_runs_for_its_duration_and_names_the_source_as_the_limit(tmp_path):
+    """An endless MJPEG stream at 15 fps, far slower than a model-free pipeline: the run ends on
+    --duration, accounts for every frame it started, lists the stream with its drops, and names
+    the live source, not preprocess, as what limits it."""
+    with MediaServer(live_fps=15.0) as server:
+        code, run_dir = run(tmp_path, "--source", server.url("/live.mjpg"), "--duration", "4", "--preset", "none",
+                            "--imgsz", "64", "--save-images", "none")
+    assert code == 0
+    report = load(run_dir, "report.json")
+    frames = report["frames"]
+    assert frames["accounted"] and frames["failed"] == frames["lost"] == 0 and 30 <= frames["processed"] <= 90, frames
+    [stream] = report["sources"]["streams"]
+    assert stream["name"].endswith("/live.mjpg") and report["sources"]["dropped_at_source"] == stream["dropped"]
+    neck = report["bottleneck"]
+    assert neck["limit"] == "source" and "live source" in neck["hint"], neck
+    assert "## Live streams" in (run_dir / "report.md").read_text()
