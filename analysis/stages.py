@@ -12,7 +12,8 @@ ROLE_NAMES = {"pre": "preprocess", "infer": "inference", "post": "postprocess", 
               "other": "runner and collector"}
 WORKER_FIELDS = ("name", "incarnation", "pid", "device", "threads", "precision", "frames", "batches", "wall_s",
                  "busy_s", "busy_cpu_s", "cpu_s", "wait_in_s", "blocked_out_s", "bytes_in", "bytes_out",
-                 "messages_in", "messages_out", "link", "torch_loaded")
+                 "messages_in", "messages_out", "link", "torch_loaded", "slots",
+                 "inline_arrays")
 
 
 def runs_in_parallel(worker: dict) -> bool:

@@ -223,6 +223,28 @@ def test_killed_workers_are_restarted_and_every_frame_is_processed_once(live):
     run.assert_clean()
 
 
+def test_slots_held_by_killed_consumers_come_back_to_a_small_ring(live):
+    """A ring of 5 slots (one worker per stage, --prefetch 1) and four deaths of the consumers
+    holding its slots: had the slots of a dead consumer not come back, the ring would run dry and
+    the run would never end. Every frame is processed, each through a slot."""
+    run = live(*SMALL_RUN, "--preset", "none", "--frames", "60", "--save-images", "1", "--prefetch", "1",
+               env={TEST_SLOW_ENV: "infer:10,post:30"})
+    seen = 3
+    for name in ("infer-0", "post-0", "infer-0", "post-0"):
+        run.wait_for_images(seen)
+        victim = run.wait_for_stage(name)
+        victim.send_signal(signal.SIGKILL)
+        run.wait_until(lambda: (p := run.stage(name)) is not None and p.pid != victim.pid, 30, f"{name} restarted")
+        seen = run.images() + 3
+    assert run.wait() == 0, run.stderr()
+    report = run.report()
+    assert frame_counts(report) == (60, 60, 0, 0) and len(report["restarts"]) == 4
+    [pre] = report["stages"]["pre"]["per_worker"]
+    assert pre["slots"] == 5, "expected the ring this test is sized for"
+    assert pre["inline_arrays"] == 0, "a frame went in its message: it did not need the ring"
+    run.assert_clean()
+
+
 def test_a_stopped_worker_is_named_killed_and_its_frames_sent_again(live):
     """SIGSTOP to the inference worker: the heartbeat names it, it is handled as dead and
     restarted, its frames are sent again, and the run ends with every frame processed."""

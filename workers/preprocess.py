@@ -161,7 +161,8 @@ def run(args: StageArgs) -> None:
             args, "pre", threads, clock, sent, drops, bytes_out=frames_out.bytes_sent, messages_out=sent,
             substages_ms={k: v.to_dict() for k, v in substages.items()}, link="pre->infer",
             position=handed, share=reader.planned, held_by=frames_out.held_by(), resent=frames_out.resent_by,
-            inline_arrays=slots.ring.inline_arrays if slots.ring else 0, stream_errors=stream_errors,
+            slots=slots.ring.count if slots.ring else 0, inline_arrays=slots.ring.inline_arrays if slots.ring else 0,
+            stream_errors=stream_errors,
             streams=[dataclasses.asdict(s) for s in reader.stream_stats()]), token=args.wire.token)
     finally:
         reader.close()
