@@ -101,7 +101,7 @@ def flag_named(message: str, flags: dict) -> str:
     flag the user typed instead ("--imgsz: ...")."""
     key, sep, rest = message.removeprefix("config ").partition(":")
     if message.startswith("config ") and sep and flags.get(key) is not None:
-        return f"--{'no-progress' if key == 'progress' else key.replace('_', '-')}:{rest}"
+        return f"--{key.replace('_', '-')}:{rest}"
     return message
 
 

@@ -28,7 +28,7 @@ from supervisor.console import Console, ConsoleHandler
 from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
 from supervisor.processes import Launcher, role_of
-from supervisor.signals import Interrupts
+from supervisor.signals import EXIT_CODES, Interrupts
 from workers.config import RunConfig
 from workers.lifecycle import (LOG_FORMAT, Endpoints, StageArgs, Wire, make_endpoints, make_ipc_dir,
                                remove_stale_ipc_dirs)
@@ -371,7 +371,7 @@ def _read_all(socket, token: bytes, types: set, drops: DropCounter, where: str, 
 
 
 def _on_beat(watch: Watch, header: dict) -> None:
-    if watch.health.beat(header) and header.get("signal") in ("SIGTERM", "SIGHUP"):
+    if watch.health.beat(header) and header.get("signal") in EXIT_CODES:
         watch.interrupts.note(header["signal"])
 
 

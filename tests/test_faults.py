@@ -196,19 +196,26 @@ def test_tcp_strangers_cannot_connect_nor_take_frames(live):
 
 # -- workers killed, stopped, or restarted too often ---------------------------------------------------
 
+def kill_in_turn(run, names, images_between: int) -> None:
+    """SIGKILL each named worker in turn, once ``images_between`` more images are saved, and wait
+    for its restart before the next."""
+    seen = 3
+    for name in names:
+        run.wait_for_images(seen)
+        victim = run.wait_for_stage(name)
+        victim.send_signal(signal.SIGKILL)
+        run.wait_until(lambda: (p := run.stage(name)) is not None and p.pid != victim.pid, 30, f"{name} restarted")
+        seen = run.images() + images_between
+
+
 def test_killed_workers_are_restarted_and_every_frame_is_processed_once(live):
     """SIGKILL to the preprocess, then the inference, then the postprocess worker mid-run: each is
     restarted, the frames it held are sent again, every frame is processed once, exit 0, and the
     report lists each restart with its signal, time and frames re-sent."""
     run = live(*SMALL_RUN, "--preset", "none", "--frames", "90", "--save-images", "1",
                env={TEST_SLOW_ENV: "infer:10,post:30"})
-    seen = 3
-    for name in ("pre-0", "infer-0", "post-0"):  # a sender's count of frames it re-sent dies with it: senders last
-        run.wait_for_images(seen)
-        victim = run.wait_for_stage(name)
-        victim.send_signal(signal.SIGKILL)
-        run.wait_until(lambda: (p := run.stage(name)) is not None and p.pid != victim.pid, 30, f"{name} restarted")
-        seen = run.images() + 4
+    # a sender's count of frames it re-sent dies with it: senders last
+    kill_in_turn(run, ("pre-0", "infer-0", "post-0"), images_between=4)
     assert run.wait() == 0, run.stderr()
     report = run.report()
     assert frame_counts(report) == (90, 90, 0, 0) and report["frames"]["accounted"]
@@ -229,13 +236,7 @@ def test_slots_held_by_killed_consumers_come_back_to_a_small_ring(live):
     the run would never end. Every frame is processed, each through a slot."""
     run = live(*SMALL_RUN, "--preset", "none", "--frames", "60", "--save-images", "1", "--prefetch", "1",
                env={TEST_SLOW_ENV: "infer:10,post:30"})
-    seen = 3
-    for name in ("infer-0", "post-0", "infer-0", "post-0"):
-        run.wait_for_images(seen)
-        victim = run.wait_for_stage(name)
-        victim.send_signal(signal.SIGKILL)
-        run.wait_until(lambda: (p := run.stage(name)) is not None and p.pid != victim.pid, 30, f"{name} restarted")
-        seen = run.images() + 3
+    kill_in_turn(run, ("infer-0", "post-0", "infer-0", "post-0"), images_between=3)
     assert run.wait() == 0, run.stderr()
     report = run.report()
     assert frame_counts(report) == (60, 60, 0, 0) and len(report["restarts"]) == 4

@@ -74,9 +74,14 @@ def remove_stale_ipc_dirs(directory: str | None = None) -> list[str]:
     directory = directory or tempfile.gettempdir()
     removed = []
     for entry in os.scandir(directory):
-        pid_text = entry.name[len(IPC_DIR_PREFIX):].split("-", 1)[0]
-        if (entry.name.startswith(IPC_DIR_PREFIX) and pid_text.isdigit() and entry.is_dir(follow_symlinks=False)
-                and entry.stat(follow_symlinks=False).st_uid == os.getuid() and not pid_alive(int(pid_text))):
+        pid_text = entry.name.removeprefix(IPC_DIR_PREFIX).split("-", 1)[0]
+        if not (entry.name.startswith(IPC_DIR_PREFIX) and pid_text.isdigit()) or pid_alive(int(pid_text)):
+            continue
+        try:
+            mine = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+        except FileNotFoundError:  # another run starting now removed it first
+            continue
+        if mine:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.name)
     return removed
