@@ -40,15 +40,21 @@ def _column(samples: Sequence[Sequence], column: int) -> np.ndarray:
     return np.array([s[column] for s in samples if s[column] is not None], dtype=np.float64)
 
 
+def _peak(samples: np.ndarray, high_water: int | None) -> int | None:
+    """The largest sample, or the kernel's high-water mark the process reported, if larger."""
+    peaks = ([int(samples.max())] if samples.size else []) + ([int(high_water)] if high_water else [])
+    return max(peaks) if peaks else None
+
+
 def process_usage(entry: dict, start_s: float, end_s: float) -> dict:
-    """One process: peak and mean RSS and PSS, mean CPU % over its sampled life, and the CPU
+    """One process: peak RSS (sampled, or its own high-water mark) and mean RSS, peak and mean PSS, mean CPU % over its sampled life, and the CPU
     seconds it used in the window [start_s, end_s]."""
     samples = entry.get("samples", [])
     rss, pss = _column(samples, RSS), _column(samples, PSS)
     t, cpu = cumulative_cpu(samples)
     life_s = float(t[-1] - t[0]) if t.size > 1 else 0.0
     return {"pid": entry.get("pid"), "role": entry.get("role"), "samples": len(samples),
-            "peak_rss_bytes": int(rss.max()) if rss.size else None,
+            "peak_rss_bytes": _peak(rss, entry.get("peak_rss_bytes")),
             "mean_rss_bytes": float(rss.mean()) if rss.size else None,
             "peak_pss_bytes": int(pss.max()) if pss.size else None,
             "mean_pss_bytes": float(pss.mean()) if pss.size else None,

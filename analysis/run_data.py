@@ -18,7 +18,8 @@ class RunData:
     cancelled: {id, name}: frames never started because the run was stopped.
     workers: one summary per worker process (incarnation), see ``analysis.stages``; series such as
         frame_ms are ``Samples.to_dict()`` dicts (plain lists are read too).
-    resources: {process name: {"pid", "role", "samples": [[t_s, cpu_s, rss_bytes, pss_bytes]]}}.
+    resources: {process name: {"pid", "role", "samples": [[t_s, cpu_s, rss_bytes, pss_bytes]],
+        optional "peak_rss_bytes": the high-water mark a worker read of itself as it exited}}.
     restarts: {name, incarnation, signal, exit_code, t_s, frames_resent}.
     machine: {"cores", "device_type": "cpu" | "cuda", "bf16"}; empty: read from environment/config.
     stop: {"reason", "signal"}; outputs: {"images_saved", "image_error"}.

@@ -135,3 +135,35 @@ def test_a_new_process_gets_its_pss_read_on_its_first_samples():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_worker_that_exited_before_any_sample_is_reported_under_its_name():
+    """A worker's own exit sample puts it in the report even if the sampler never saw it, renames
+    one the sampler saw only before it took its title, and its high-water mark is the peak."""
+    sampler = ResourceSampler(runner_pid=os.getpid())
+    sampler.series[111] = {"pid": 111, "label": "pid-111", "samples": [[1.0, 0.1, 50 * MB, None]], "pss_reads": 0}
+    sampler.add_exit_usage("pre-0", 111, {"sample": [2.0, 0.4, 60 * MB, 40 * MB], "peak_rss_bytes": 90 * MB})
+    sampler.add_exit_usage("post-0", 222, {"sample": [3.0, 0.2, 70 * MB, 30 * MB], "peak_rss_bytes": 80 * MB})
+    sampler.add_exit_usage("infer-0", 333, {"sample": ["x", 0.2, 1, 1], "peak_rss_bytes": 1})  # malformed: ignored
+    exported = sampler.export()
+    assert set(exported) == {"pre-0", "post-0"}
+    assert [s[0] for s in exported["pre-0"]["samples"]] == [1.0, 2.0]
+    pre = process_usage(exported["pre-0"], 0.0, 5.0)
+    assert pre["peak_rss_bytes"] == 90 * MB and pre["peak_pss_bytes"] == 40 * MB, pre
+    assert pre["window_cpu_s"] == pytest.approx(0.3)
+    assert process_usage(exported["post-0"], 0.0, 5.0)["peak_rss_bytes"] == 80 * MB
+
+
+def test_own_usage_reports_the_peak_of_memory_already_freed():
+    """The high-water mark keeps a peak that fell between samples (a decoded image freed)."""
+    code = ("import numpy as np\n"
+            "from workers.lifecycle import own_usage\n"
+            "before = own_usage()\n"
+            "block = np.ones(300 << 20, np.uint8); del block\n"
+            "after = own_usage()\n"
+            "print(before['peak_rss_bytes'], after['peak_rss_bytes'], after['sample'][2], after['sample'][3])\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+    before, after, rss, pss = map(int, out.split())
+    assert after - before > 250 * MIB, (before, after)
+    assert rss < after - 250 * MIB and 0 < pss <= rss, (rss, pss, after)

@@ -244,6 +244,9 @@ def _run_data(args, collected: Collected, collector_stats, runner_started_s, fin
     restarts = [{**r, "frames_resent": resent.get(f"{r['name']}.{r['incarnation']}", 0)} for r in expected.restarts]
     sources = _sources(workers, videos)
     for w in workers:
+        if isinstance(w.get("exit_usage"), dict):
+            sampler.add_exit_usage(w["name"], w["pid"], w["exit_usage"])
+        w.pop("exit_usage", None)
         w.pop("timing", None)
         w.pop("type", None)
         w.setdefault("batches", 0)

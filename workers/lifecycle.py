@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -16,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import psutil
 import zmq
 
 from analysis.samples import Samples
@@ -347,7 +349,34 @@ def worker_stats(args: StageArgs, role: str, threads: dict, clock: Clock, frames
             "wall_s": clock.wall_s(), "frame_ms": clock.frame_ms.to_dict(),
             "frame_cpu_ms": clock.frame_cpu_ms.to_dict(), "cpu_s": time.process_time() - clock.started_cpu_s,
             "dropped_messages": dict(drops.counts), "substages_ms": {}, "torch_loaded": "torch" in sys.modules,
-            **extra}
+            "exit_usage": own_usage(), **extra}
+
+
+def own_usage() -> dict:
+    """This process's last sample and its peak resident memory, read by itself as it exits: a
+    worker that lives shorter than the sampling interval is still in the report, under its
+    name, and its peak is the kernel's high-water mark, not the largest of a few samples."""
+    try:
+        memory = psutil.Process().memory_full_info()
+        rss, pss = memory.rss, getattr(memory, "pss", None)
+    except psutil.Error:
+        rss = pss = None
+    times = os.times()
+    return {"sample": [time.perf_counter(), times.user + times.system, rss, pss],
+            "peak_rss_bytes": high_water_rss_bytes()}
+
+
+def high_water_rss_bytes() -> int | None:
+    """VmHWM of /proc/self/status: the peak RSS of this process image (since its fork or exec;
+    getrusage's ru_maxrss would keep the peak of the image an exec replaced)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 or None
 
 
 TEST_SLOW_ENV = "YOLO_PIPELINE_TEST_SLOW"  # tests only: "post:30" makes each post frame burn 30 CPU-ms

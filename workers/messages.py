@@ -49,7 +49,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     FAILED: {"id": INT, "name": STR, "stage": STR, "worker": STR, "reason": STR, "cycle": "?int", "video": "?dict"},
     STATS: {"name": STR, "role": STR, "incarnation": INT, "pid": INT, "frames": INT, "wall_s": FLOAT,
             "busy_s": FLOAT, "busy_cpu_s": FLOAT, "cpu_s": FLOAT, "wait_in_s": FLOAT, "blocked_out_s": FLOAT,
-            "frame_ms": DICT, "frame_cpu_ms": DICT, "substages_ms": DICT},
+            "frame_ms": DICT, "frame_cpu_ms": DICT, "substages_ms": DICT, "exit_usage": "?dict"},
     HEARTBEAT: {"name": STR, "incarnation": INT, "pid": INT, "loop_age_s": FLOAT, "position": INT,
                 "signal": "?str"},
     PROGRESS: {"processed": INT, "failed": INT},

@@ -38,6 +38,10 @@ def machine_busy_s() -> float:
     return total - idle
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class ResourceSampler:
     """Samples [t_s, cpu_s, rss_bytes, pss_bytes] per process (t on the perf_counter clock of
     every frame timestamp; cpu cumulative user + system). PSS costs a walk of the process's
@@ -89,8 +93,21 @@ class ResourceSampler:
             self.machine_cpu = self.machine_cpu[::2]
             self.every *= 2
 
+    def add_exit_usage(self, name: str, pid: int, usage: dict) -> None:
+        """A worker's own last sample (:func:`workers.lifecycle.own_usage`), under the name its stats carry: the
+        process may have exited before any sample, or been seen only before it took its title."""
+        sample, peak = usage.get("sample"), usage.get("peak_rss_bytes")
+        if not (isinstance(sample, list) and len(sample) == 4 and _is_number(sample[0]) and _is_number(sample[1])
+                and all(v is None or _is_number(v) for v in sample[2:])):
+            return
+        entry = self.series.setdefault(pid, {"pid": pid, "samples": [], "pss_reads": 0})
+        entry["label"] = name
+        entry["samples"] = sorted(entry["samples"] + [sample], key=lambda s: s[0])
+        if _is_number(peak):
+            entry["peak_rss_bytes"] = max(int(peak), entry.get("peak_rss_bytes") or 0)
+
     def export(self) -> dict[str, dict]:
-        """{name: {"pid", "role", "samples"}}; a restarted worker's incarnations follow one
+        """{name: {"pid", "role", "samples", ["peak_rss_bytes"]}}; a restarted worker's incarnations follow one
         another in one series (its CPU restarts from zero, which the analysis unwraps)."""
         by_name: dict[str, dict] = {}
         for entry in sorted(self.series.values(), key=lambda e: e["samples"][0][0] if e["samples"] else 0.0):
@@ -98,4 +115,6 @@ class ResourceSampler:
             merged = by_name.setdefault(name, {"pid": entry["pid"], "role": name.split("-")[0], "samples": []})
             merged["pid"] = entry["pid"]
             merged["samples"].extend(entry["samples"])
+            if entry.get("peak_rss_bytes"):
+                merged["peak_rss_bytes"] = max(entry["peak_rss_bytes"], merged.get("peak_rss_bytes") or 0)
         return by_name
