@@ -16,7 +16,7 @@ import os
 import signal
 import time
 
-from supervisor.signals import quiet_children
+from supervisor.signals import signals_held
 from workers.lifecycle import StageArgs
 
 TORCH_ROLES = ("infer", "post")
@@ -41,8 +41,11 @@ def role_of(name: str) -> str:
 def start_fork_server() -> None:
     """Start the fork server (idempotent): it imports torch, in its own process, while the runner
     goes on checking the configuration and the lean processes start."""
+    import multiprocessing.resource_tracker as tracker
     mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
-    with quiet_children():
+    with signals_held():
+        tracker.ensure_running()  # first: starting it unblocks SIGINT and SIGTERM in the caller
+    with signals_held():
         multiprocessing.forkserver.ensure_running()
 
 
@@ -70,9 +73,9 @@ class Launcher:
         context = self.forked if role in TORCH_ROLES else self.spawn
         process = context.Process(target=run_stage, args=(STAGE_MODULES[role], args, *extra), name=name, daemon=True)
         if context is self.forked:
-            process.start()  # forked by the fork server, which took its signals at warm_up; may wait for it
+            process.start()  # forked by the fork server, started with the signals blocked; may wait for it
         else:
-            with quiet_children():
+            with signals_held():
                 process.start()
         self.processes[name] = process
         self.incarnations[name] = incarnation

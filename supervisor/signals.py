@@ -1,10 +1,12 @@
 """Ctrl-C, SIGTERM and SIGHUP in the runner: a flag, never an exception in the middle of a loop.
 
 The first one drains the run (stop reading, finish what is in flight, write a partial report),
-the second stops it at once, the third kills every process. Children are started with SIGINT and
-SIGTERM ignored (:func:`quiet_children`; an ignored disposition survives exec, a blocked mask does
-not), so a Ctrl-C during start-up never prints a traceback per process, nor kills the fork server
-while it imports torch; each stage then takes its own signals (workers.lifecycle.enter_process).
+the second stops it at once, the third kills every process. Children are started with the stop
+signals blocked (:func:`signals_held`; a blocked mask survives fork and exec), so a Ctrl-C during
+start-up never prints a traceback per process, nor kills the fork server while it imports torch;
+each stage then takes its own signals and unblocks them (workers.lifecycle.enter_process). A
+signal that reaches the runner while it starts a child waits, blocked, and is acted on when the
+child has started: it is never lost.
 """
 
 from __future__ import annotations
@@ -52,13 +54,12 @@ class Interrupts:
 
 
 @contextlib.contextmanager
-def quiet_children():
+def signals_held():
     """Around starting a process (a few milliseconds: fork and exec, or a request to the fork
-    server): it inherits SIGINT, SIGTERM and SIGHUP ignored until its entry point takes them over.
-    A signal to the runner inside this window is lost; the user's next one is not."""
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    server; longer on a loaded machine): the child inherits the stop signals blocked until its
+    entry point takes them over, and the runner receives one sent meanwhile when the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

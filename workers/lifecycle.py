@@ -131,10 +131,13 @@ class StageArgs:
 def enter_process(args: StageArgs) -> None:
     """First thing in every stage: its title in ps/top, and its signals. SIGINT (Ctrl-C reaches
     the whole process group) is the runner's to act on, by draining the run; SIGTERM and SIGHUP
-    are noted and passed to the runner through the heartbeat, which drains the run the same way."""
+    are noted and passed to the runner through the heartbeat, which drains the run the same way.
+    The runner starts every process with these signals blocked (supervisor.signals.signals_held):
+    one sent during start-up waits until here, where a SIGINT is dropped and a SIGTERM noted."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _note_stop_signal)
     signal.signal(signal.SIGHUP, _note_stop_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     set_title(args.name)
 
 
