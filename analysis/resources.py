@@ -47,8 +47,9 @@ def _peak(samples: np.ndarray, high_water: int | None) -> int | None:
 
 
 def process_usage(entry: dict, start_s: float, end_s: float) -> dict:
-    """One process: peak RSS (sampled, or its own high-water mark) and mean RSS, peak and mean PSS, mean CPU % over its sampled life, and the CPU
-    seconds it used in the window [start_s, end_s]."""
+    """One process: peak RSS (sampled, or its own high-water mark if larger) and mean RSS, peak
+    and mean PSS, mean CPU % over its sampled life, and the CPU seconds it used in the window
+    [start_s, end_s]."""
     samples = entry.get("samples", [])
     rss, pss = _column(samples, RSS), _column(samples, PSS)
     t, cpu = cumulative_cpu(samples)

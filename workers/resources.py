@@ -94,8 +94,9 @@ class ResourceSampler:
             self.every *= 2
 
     def add_exit_usage(self, name: str, pid: int, usage: dict) -> None:
-        """A worker's own last sample (:func:`workers.lifecycle.own_usage`), under the name its stats carry: the
-        process may have exited before any sample, or been seen only before it took its title."""
+        """A worker's own last sample (:func:`workers.lifecycle.own_usage`), under the name its
+        stats carry: the process may have exited before any sample, or been seen only before it
+        took its title."""
         sample, peak = usage.get("sample"), usage.get("peak_rss_bytes")
         if not (isinstance(sample, list) and len(sample) == 4 and _is_number(sample[0]) and _is_number(sample[1])
                 and all(v is None or _is_number(v) for v in sample[2:])):
@@ -107,8 +108,8 @@ class ResourceSampler:
             entry["peak_rss_bytes"] = max(int(peak), entry.get("peak_rss_bytes") or 0)
 
     def export(self) -> dict[str, dict]:
-        """{name: {"pid", "role", "samples", ["peak_rss_bytes"]}}; a restarted worker's incarnations follow one
-        another in one series (its CPU restarts from zero, which the analysis unwraps)."""
+        """{name: {"pid", "role", "samples", ["peak_rss_bytes"]}}; a restarted worker's
+        incarnations follow one another in one series (its CPU restarts from zero, which the analysis unwraps)."""
         by_name: dict[str, dict] = {}
         for entry in sorted(self.series.values(), key=lambda e: e["samples"][0][0] if e["samples"] else 0.0):
             name = entry["label"]
