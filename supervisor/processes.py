@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import multiprocessing as mp
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker as resource_tracker
 import os
 import signal
 import time
@@ -41,10 +42,9 @@ def role_of(name: str) -> str:
 def start_fork_server() -> None:
     """Start the fork server (idempotent): it imports torch, in its own process, while the runner
     goes on checking the configuration and the lean processes start."""
-    import multiprocessing.resource_tracker as tracker
     mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     with signals_held():
-        tracker.ensure_running()  # first: starting it unblocks SIGINT and SIGTERM in the caller
+        resource_tracker.ensure_running()  # first: starting it unblocks SIGINT and SIGTERM in the caller
     with signals_held():
         multiprocessing.forkserver.ensure_running()
 
@@ -122,12 +122,11 @@ def stop_helper_processes(wait: bool = True) -> None:
     server reaped, to the OS's accounting of the runner (what `time` and rusage report). Without
     ``wait`` (a run that never started) the fork server ends by itself once its imports are done.
     Uses the private ``_stop`` methods that CPython's own tests use; without them, nothing."""
-    import multiprocessing.resource_tracker as tracker
     if not wait:
         _kill_fork_server()
         return
     for helper in (getattr(multiprocessing.forkserver, "_forkserver", None),
-                   getattr(tracker, "_resource_tracker", None)):
+                   getattr(resource_tracker, "_resource_tracker", None)):
         stop = getattr(helper, "_stop", None)
         if stop is None:
             continue

@@ -165,8 +165,7 @@ class Watch:
         if count == self.seen_interrupts:
             return
         self.seen_interrupts = count
-        what = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP (terminal closed)"}.get(
-            self.interrupts.received[-1], "a signal")
+        what = self.interrupts.last_said()
         if count == 1 and self.phase == "running":
             self.console.say(f"{what}: finishing the frames in flight (at most {DRAIN_TIMEOUT_S:.0f} s); "
                              "press Ctrl-C again to stop at once")
@@ -345,8 +344,7 @@ def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console)
             watch.enter("done", watch.reason or "finished")
             break
         if not watch.health.ready() and watch.interrupts.count and watch.phase == "running":
-            what = {"SIGINT": "Ctrl-C"}.get(watch.interrupts.first(), watch.interrupts.first())
-            watch.reason = f"interrupted by {what} during start-up: nothing was run"
+            watch.reason = f"interrupted by {watch.interrupts.last_said()} during start-up: nothing was run"
             watch.kill_all = True
             watch.enter("done", watch.reason)
             break

@@ -15,8 +15,10 @@ import contextlib
 import signal
 from dataclasses import dataclass, field
 
+from workers.lifecycle import STOP_SIGNALS
+
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}  # 128 + the signal number, as the shell reports
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal or ssh session closed
+SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGHUP": "SIGHUP (terminal closed)"}  # what the user did, in their words
 
 
 @dataclass
@@ -48,6 +50,10 @@ class Interrupts:
 
     def first(self) -> str | None:
         return self.received[0] if self.received else None
+
+    def last_said(self) -> str:
+        """The latest signal as the user would name it ("Ctrl-C")."""
+        return SIGNAL_WORDS.get(self.received[-1], self.received[-1]) if self.received else "a signal"
 
     def exit_code(self) -> int | None:
         return EXIT_CODES.get(self.first()) if self.received else None

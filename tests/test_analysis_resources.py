@@ -10,6 +10,7 @@ import pytest
 from analysis.report import build_report
 from analysis.resources import cpu_between, cumulative_cpu, peak_pss_total, process_usage, resource_report
 from tests.analysis_runs import MIB, steady_run
+from tests.live_run import REPO
 from workers.resources import ResourceSampler
 
 MB = 1_000_000
@@ -162,8 +163,7 @@ def test_own_usage_reports_the_peak_of_memory_already_freed():
             "block = np.ones(300 << 20, np.uint8); del block\n"
             "after = own_usage()\n"
             "print(before['peak_rss_bytes'], after['peak_rss_bytes'], after['sample'][2], after['sample'][3])\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
     before, after, rss, pss = map(int, out.split())
     assert after - before > 250 * MIB, (before, after)
     assert rss < after - 250 * MIB and 0 < pss <= rss, (rss, pss, after)

@@ -96,11 +96,10 @@ def test_a_small_dev_shm_sends_the_frames_in_messages_instead(live, tmp_path):
     run.assert_clean()
 
 
+@needs_unshare
 def test_a_ring_larger_than_the_free_shared_memory_is_refused_not_a_sigbus(tmp_path):
     """The ring's file is allocated whole when made: a tmpfs too small gives ENOSPC at once (and no
     file), where a sparse file would kill its writer with SIGBUS later."""
-    if not _can_unshare():
-        pytest.skip("needs unshare -rm and tmpfs mounts")
     folder = tmp_path / "shm"
     folder.mkdir()
     probe = ("import errno, os; from workers.slots import SlotRing\n"

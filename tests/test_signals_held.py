@@ -6,13 +6,12 @@ case runs in a fresh interpreter so that pytest's own signal mask is left alone.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.live_run import REPO
+
 STOP_BITS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 

@@ -30,6 +30,7 @@ TITLE_PREFIX = "yolo-pipeline"
 IPC_DIR_PREFIX = "yolo-ipc-"  # + the runner's pid + "-" + random
 HEARTBEAT_INTERVAL_S = 0.5
 CONTROL_TYPES = frozenset({DRAIN, STOP, PEER_GONE})
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal or ssh session closed
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def enter_process(args: StageArgs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _note_stop_signal)
     signal.signal(signal.SIGHUP, _note_stop_signal)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     set_title(args.name)
 
 

@@ -62,8 +62,14 @@ SCHEMAS: dict[str, dict[str, str]] = {
 PRE_FRAME = {"name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST, "lb_shape": LIST,
              "keep_image": BOOL, "pre": STR, "t": _TIMES, "px": DICT, "release_by": STR, "video": "?dict"}
 INFER_FRAME = {**PRE_FRAME, "infer": STR, "batch": INT, "cold": BOOL}
-_CHECKS = {INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
-           FLOAT: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+
+
+def is_number(value: Any) -> bool:
+    """An int or a float, never a bool (msgpack gives True for true, and True == 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_CHECKS = {INT: lambda v: isinstance(v, int) and not isinstance(v, bool), FLOAT: is_number,
            STR: lambda v: isinstance(v, str), BOOL: lambda v: isinstance(v, bool),
            LIST: lambda v: isinstance(v, list), DICT: lambda v: isinstance(v, dict)}
 

@@ -10,6 +10,7 @@ import time
 import psutil
 
 from workers.lifecycle import TITLE_PREFIX
+from workers.messages import is_number
 
 MAX_SAMPLES_PER_PROCESS = 2000  # then every other sample is dropped and sampling slows by half
 
@@ -36,10 +37,6 @@ def machine_busy_s() -> float:
     idle = times.idle + getattr(times, "iowait", 0.0)
     total = sum(getattr(times, field) for field in times._fields if field not in ("guest", "guest_nice"))
     return total - idle
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class ResourceSampler:
@@ -98,18 +95,19 @@ class ResourceSampler:
         stats carry: the process may have exited before any sample, or been seen only before it
         took its title."""
         sample, peak = usage.get("sample"), usage.get("peak_rss_bytes")
-        if not (isinstance(sample, list) and len(sample) == 4 and _is_number(sample[0]) and _is_number(sample[1])
-                and all(v is None or _is_number(v) for v in sample[2:])):
+        if not (isinstance(sample, list) and len(sample) == 4 and is_number(sample[0]) and is_number(sample[1])
+                and all(v is None or is_number(v) for v in sample[2:])):
             return
         entry = self.series.setdefault(pid, {"pid": pid, "samples": [], "pss_reads": 0})
         entry["label"] = name
         entry["samples"] = sorted(entry["samples"] + [sample], key=lambda s: s[0])
-        if _is_number(peak):
+        if is_number(peak):
             entry["peak_rss_bytes"] = max(int(peak), entry.get("peak_rss_bytes") or 0)
 
     def export(self) -> dict[str, dict]:
         """{name: {"pid", "role", "samples", ["peak_rss_bytes"]}}; a restarted worker's
-        incarnations follow one another in one series (its CPU restarts from zero, which the analysis unwraps)."""
+        incarnations follow one another in one series (its CPU restarts from zero, which the
+        analysis unwraps)."""
         by_name: dict[str, dict] = {}
         for entry in sorted(self.series.values(), key=lambda e: e["samples"][0][0] if e["samples"] else 0.0):
             name = entry["label"]

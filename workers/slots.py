@@ -71,16 +71,13 @@ def _map_file(path: str, size: int, create: bool) -> mmap.mmap:
             try:
                 os.posix_fallocate(fd, 0, size)
             except OSError:
-                os.close(fd)
-                fd = -1
                 os.unlink(path)
                 raise
         else:
             size = os.fstat(fd).st_size
         return mmap.mmap(fd, size)
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
 
 
 class SlotRing:
