@@ -233,7 +233,8 @@ def module_lines(report: dict) -> list[str]:
         return []
     fwd = report["forward"]
     lines = ["## Modules", "", f"{fwd.get('forwards', 0)} forwards, mean {_f(fwd.get('mean_ms'), 2)} ms, "
-             f"p50 {_f(fwd.get('p50_ms'), 2)} ms, p95 {_f(fwd.get('p95_ms'), 2)} ms. Shares are of the whole forward: "
+             f"p50 {_f(fwd.get('p50_ms'), 2)} ms, p95 {_f(fwd.get('p95_ms'), 2)} ms"
+             + (f", timed with {fwd['timing_mode']}" if fwd.get("timing_mode") else "") + ". Shares are of the whole forward: "
              f"the rows without {NESTED_MARK.strip()} add up to 100 %; a {NESTED_MARK.strip()} row runs inside an "
              "outermost one (its share, in parentheses, is already counted there); rows without a share ran "
              "outside the forward.", ""]

@@ -55,6 +55,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")
 sys.path.insert(0, REPO)
 
+from workers.host import usable_cores  # noqa: E402
 from yolo.precision import has_native_bf16, read_cpu_flags  # noqa: E402  (torch-free)
 
 from interleave import rotated  # noqa: E402  (benchmarks/: this script's folder)
@@ -216,7 +217,7 @@ def contenders(s: Settings, frames_dir: str) -> list[Contender]:
         Contender("pipeline_half", "pipeline --half", "pipeline", (*pipeline, "--half"), half=True),
         Contender("ceiling", "model-free pipeline (--preset none)", "pipeline",
                   (*runner, "--preset", "none", "--save-images", "none", *s.pipeline_args)),
-        Contender("decode", f"decode+letterbox, {os.cpu_count()} processes", "loop",
+        Contender("decode", f"decode+letterbox, {usable_cores()} processes", "loop",
                   (py, "benchmarks/loops.py", "decode", "--source", frames_dir, *shape)),
     ]
 
@@ -401,7 +402,7 @@ def cpu_model() -> str:
 
 
 def machine() -> dict:
-    return {"cores": os.cpu_count(), "cpu": cpu_model(), "native_bf16": has_native_bf16(read_cpu_flags()),
+    return {"cores": usable_cores(), "cpu": cpu_model(), "native_bf16": has_native_bf16(read_cpu_flags()),
             "python": platform.python_version(), "platform": platform.platform()}
 
 

@@ -119,6 +119,7 @@ def decode_share(job: tuple) -> int:
 
 
 def decode_loop(args: argparse.Namespace) -> int:
+    from workers.host import usable_cores
     from yolo.sources import plan_frames
 
     try:
@@ -126,7 +127,7 @@ def decode_loop(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    processes = args.processes or os.cpu_count() or 1
+    processes = args.processes or usable_cores()
     jobs = [(plan, worker, processes, args.imgsz, args.rect) for worker in range(processes)]
     with multiprocessing.get_context("fork").Pool(processes) as pool:  # torch-free parent: fork is safe
         t0 = time.perf_counter()

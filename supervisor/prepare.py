@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from workers.config import ConfigError, RunConfig
+from workers.host import usable_cores
 from workers.slots import SHM_DIR, free_bytes
 from yolo.precision import choose_precision, has_native_bf16, read_cpu_flags
 from yolo.presets import MODEL_FREE, PRESETS
@@ -57,7 +58,7 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
         raise ConfigError(f"config device: expected cpu, cuda, cuda:N or a list of cuda devices, got {cfg.device!r}")
     else:
         devices = ["cpu"]
-    machine = Machine(cores=os.cpu_count() or 1, device_type="cuda" if on_cuda else "cpu",
+    machine = Machine(cores=usable_cores(), device_type="cuda" if on_cuda else "cpu",
                       bf16=has_native_bf16(read_cpu_flags()))
     if cfg.preset not in PRESETS and cfg.preset != MODEL_FREE:
         raise ConfigError(f"config preset: expected one of {sorted(PRESETS)} or {MODEL_FREE!r}, got {cfg.preset!r}")
@@ -108,7 +109,9 @@ def check_run_name(results: str, name: str, exist_ok: bool) -> None:
                           "--name or pass --exist-ok to reuse it")
 
 
-DURATION_FPS_CEILING = 1000  # a --duration run over files plans this many frames per second, looping the source
+# A --duration run over files plans this many frames per second, looping the source: a GPU
+# pipeline passes 1,000 fps, and a plan that runs out ends the run before its duration.
+DURATION_FPS_CEILING = 10_000
 
 
 def plan_source(cfg: RunConfig):

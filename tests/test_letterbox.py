@@ -192,6 +192,7 @@ def test_to_tensor_bad_input():
         to_tensor(np.zeros((3, 4), np.uint8), "cpu")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_to_tensor_cuda_matches_cpu():
     image = _image(17, 9)

@@ -280,6 +280,7 @@ def test_unknown_precision_is_named(random_n):
         copy.deepcopy(random_n).set_precision("fp8")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 is tested on CUDA only (no GPU)")
 def test_half_precision_on_cuda(random_n):
     fp32 = copy.deepcopy(random_n).fuse().cuda()

@@ -184,6 +184,7 @@ def test_bad_candidates_shape_and_limits():
         non_max_suppression(torch.zeros(10, 85))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_matches_cpu():
     prediction = torch.stack([_random_prediction(500, seed=s) for s in range(2)])

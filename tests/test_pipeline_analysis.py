@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from workers.host import usable_cores
 from workers.lifecycle import TEST_SLOW_ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +46,7 @@ def test_a_slow_stage_is_named_with_its_lever(tmp_path):
 
 
 def test_saturated_cores_never_suggest_more_processes(tmp_path):
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     workers = str(2 * cores)  # every stage oversubscribed: the cores are the limit
     summary, _, _ = run_subprocess(tmp_path, "busy", "--frames", "48", "--imgsz", "320", "--workers", workers,
                                    "--infer-workers", workers)

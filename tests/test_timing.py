@@ -237,6 +237,7 @@ def test_aggregate_merges_exports():
     assert rows["stem"].calls == 5 and rows[RESIDUAL_NAME].calls == 5
     total = sum(r.total_ms for r in rows.values() if r.outermost)
     assert forward_stats(exports)["forwards"] == 5
+    assert forward_stats(exports)["timing_mode"] == "cpu"  # the report says which clock timed the modules
     assert total == pytest.approx(forward_stats(exports)["total_ms"], rel=1e-6)
     assert _share_sum(rows.values()) == pytest.approx(1.0, abs=1e-6)
 
@@ -274,6 +275,7 @@ def test_yolov5_depth2_layers_and_decode_row():
 
 
 # -- CUDA ----------------------------------------------------------------------------------------
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuda timing modes are tested on CUDA only (no GPU)")
 @pytest.mark.parametrize("mode", ["cuda-sync", "cuda-events"])
 def test_cuda_modes(mode):
@@ -290,6 +292,7 @@ def test_cuda_modes(mode):
     assert _share_sum(rows) == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuda timing modes are tested on CUDA only (no GPU)")
 def test_default_mode_on_cuda_is_events():
     model = nn.Linear(2, 2).cuda()

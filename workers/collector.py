@@ -12,6 +12,7 @@ import time
 
 import zmq
 
+from workers.host import usable_cores
 from workers.ledger import Expected, Ledger, account_missing
 from workers.lifecycle import Clock, Control, Heartbeat, StageArgs, enter_process, poll, set_thread_counts, setup_logging
 from workers.links import SlotReturns
@@ -98,7 +99,7 @@ class Collected:
 def environment(cfg, workers: list[dict], startup_s: float) -> dict:
     versions = {name: _version(name) for name in
                 ("torch", "torchvision", "opencv-python-headless", "numpy", "pyzmq", "msgpack", "psutil")}
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpu_cores": os.cpu_count(),
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpu_cores": usable_cores(),
             "processor": platform.processor() or platform.machine(), **versions, "libzmq": zmq.zmq_version(),
             "startup_s": startup_s, "devices": list(cfg.devices),
             "threads_per_process": {w["name"]: w.get("threads") for w in workers},

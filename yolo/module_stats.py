@@ -91,11 +91,15 @@ def aggregate(exports: Iterable[dict[str, Any]]) -> list[ModuleStats]:
 
 
 def forward_stats(exports: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """The forwards' count and times, and the clock that timed them (``cpu``, ``cuda-events``, ...)."""
+    exports = list(exports)
     forward = _Series.merge([_Series.of(e["forward_ms"]) for e in exports])
+    modes = ", ".join(sorted({e["mode"] for e in exports if e.get("mode")})) or None
     if forward.count == 0:
-        return {"forwards": 0, "total_ms": 0.0, "mean_ms": 0.0, "p50_ms": 0.0, "p95_ms": 0.0}
+        return {"forwards": 0, "total_ms": 0.0, "mean_ms": 0.0, "p50_ms": 0.0, "p95_ms": 0.0, "timing_mode": modes}
     return {"forwards": forward.count, "total_ms": forward.total, "mean_ms": forward.total / forward.count,
-            "p50_ms": float(np.percentile(forward.values, 50)), "p95_ms": float(np.percentile(forward.values, 95))}
+            "p50_ms": float(np.percentile(forward.values, 50)), "p95_ms": float(np.percentile(forward.values, 95)),
+            "timing_mode": modes}
 
 
 def _row(name, type_name, params, shapes, times: _Series, share, outermost) -> ModuleStats:
