@@ -21,6 +21,7 @@ STAGE_BUSY = 0.75  # below this, no stage limits: too few frames in flight, or t
 LEVER_MIN_SHARE = 0.05  # a part of the work worth naming takes at least this share of a frame's CPU
 SOURCE_WAIT_CPU_SHARE = 0.3  # preprocess CPU below this share of its busy time: it waits on a live stream
 QUEUE_NOTE = 0.10  # mention a neighbour's wait or block from this share of its time
+COLD_NOTE = 0.10  # mention inference's first forwards of new shapes from this share of its busy time
 MIN_IMGSZ = 320
 IMGSZ_STEP = 32
 SMALLER_IMGSZ = 0.75  # the --imgsz proposed: this fraction of today's, to a multiple of 32
@@ -63,6 +64,19 @@ def queue_evidence(stages: dict, role: str) -> str:
         parts.append(f"{ROLE_NAMES[ROLES[i + 1]]} starved {100 * stages[ROLES[i + 1]]['wait_fraction']:.0f} %"
                      " (waiting for input)")
     return ", ".join(parts)
+
+
+def cold_forward_note(stages: dict) -> str:
+    """Words for inference's first forwards of new input shapes when they took a large share of
+    its busy time: one-off set-up (oneDNN or cuDNN plans, buffers) that its ms per frame leaves
+    out, so its capacity reads higher than what it delivered."""
+    infer = stages.get("infer", {})
+    cold_s, busy_s = infer.get("cold_forward_s") or 0.0, infer.get("busy_s") or 0.0
+    if not busy_s or cold_s < COLD_NOTE * busy_s:
+        return ""
+    return (f"inference spent {100 * cold_s / busy_s:.0f} % of its busy time ({cold_s:.1f} s) in "
+            f"{infer['cold_forwards']} first forwards of new input shapes, left out of its ms per frame: "
+            "a longer run, or fewer frame shapes (--square), spreads or removes that set-up")
 
 
 def save_cost_ms(stages: dict) -> tuple[float, float]:
@@ -211,7 +225,7 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
                 "evidence": "no frame was measured (warm-up and cold forwards took them all), so the busy times "
                             "are those of start-up",
                 "hint": "run longer (--frames or --duration) to find what limits it"}
-    evidence = queue_evidence(stages, role)
+    evidence = "; ".join(part for part in (queue_evidence(stages, role), cold_forward_note(stages)) if part)
     if live_source and role == "pre" and waits_on_a_live_source(stages):
         pre = stages["pre"]
         return {**result, "limit": "source", "levers": [],

@@ -13,7 +13,7 @@ ROLE_NAMES = {"pre": "preprocess", "infer": "inference", "post": "postprocess", 
 WORKER_FIELDS = ("name", "incarnation", "pid", "device", "threads", "precision", "frames", "batches", "wall_s",
                  "busy_s", "busy_cpu_s", "cpu_s", "wait_in_s", "blocked_out_s", "bytes_in", "bytes_out",
                  "messages_in", "messages_out", "link", "torch_loaded", "slots",
-                 "inline_arrays")
+                 "inline_arrays", "cold_forwards", "cold_forward_s")
 
 
 def runs_in_parallel(worker: dict) -> bool:
@@ -62,6 +62,8 @@ def stage_report(members: list[dict], usage: dict[str, dict]) -> dict:
               "busy_s": busy, "busy_cpu_s": busy_cpu, "cpu_s": sum(w.get("cpu_s") or 0.0 for w in members),
               "wall_s": wall, "wait_in_s": sum(w["wait_in_s"] for w in members),
               "blocked_out_s": sum(w["blocked_out_s"] for w in members),
+              "cold_forwards": sum(w.get("cold_forwards") or 0 for w in members),
+              "cold_forward_s": sum(w.get("cold_forward_s") or 0.0 for w in members),
               "ms_per_frame": wall_ms.summary(), "cpu_ms_per_frame": cpu_ms.summary(),
               "busy_cpu_ms_per_frame": ratio(1e3 * busy_cpu, frames) if busy_cpu else None,
               "utilisation": utilisation(busy, wall),

@@ -56,6 +56,7 @@ class Settings:
     budget_s: float
     out: str | None
     dry: bool
+    only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--budget-s", type=float, default=420.0, help="no round starts that would end past this")
     p.add_argument("--out", help="write every figure to this JSON file (after every command)")
+    p.add_argument("--only", default="", help="comma-separated contender keys to run (default: all), e.g. "
+                                              "bare,yolo_fp16,pipe_b8_fp16")
     p.add_argument("--dry", action="store_true", help="tiny runs: checks the script, the figures mean nothing")
     a = p.parse_args(argv)
     if not os.path.isfile(a.weights):
@@ -86,10 +89,11 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     if a.rounds < 1 or a.duration_s <= 0 or a.yolo_frames < 1:
         p.error("--rounds, --duration-s and --yolo-frames: expected > 0")
     batches = tuple(int(b) for b in a.batch_sizes.split(","))
+    only = tuple(k.strip() for k in a.only.split(",") if k.strip())
     if a.dry:
-        return Settings(a.device, a.weights, a.images, 1, 1.0, 4, (1, 2), a.budget_s, a.out, True)
+        return Settings(a.device, a.weights, a.images, 1, 1.0, 4, (1, 2), a.budget_s, a.out, True, only)
     return Settings(a.device, a.weights, a.images, a.rounds, a.duration_s, a.yolo_frames, batches, a.budget_s,
-                    a.out, False)
+                    a.out, False, only)
 
 
 def make_frame_set(images: str) -> str:
@@ -298,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     info = gpu_info(s.device)
     frames = make_frame_set(s.images)
-    cs = contenders(s, frames)
+    cs = [c for c in contenders(s, frames) if not s.only or c.key in s.only]
+    if not cs:
+        raise SystemExit(f"error: --only: no contender is named {', '.join(s.only)}")
     rounds: list[dict] = []
     try:
         for r in range(s.rounds):

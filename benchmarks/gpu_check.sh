@@ -11,6 +11,7 @@
 # .gpu/fixtures where ../shared does not travel. Output goes to $OUT (default results/gpu-check):
 # env.txt, tests.log, gpu.log + gpu.json, cores.log + cores.json. Each step has its own time
 # limit (seconds, overridable: TESTS_S, GPU_S, CORES_S); a failed step does not stop the next.
+# TESTS=paths narrows the CUDA tests, ONLY=keys the GPU benchmark's contenders (bench_gpu.py --only).
 set -u
 cd "$(dirname "$0")/.."
 DEVICE=cuda
@@ -57,14 +58,15 @@ fi
 
 if wants tests; then
   echo "== CUDA tests (pytest -m gpu)"
-  timeout "${TESTS_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
+  # shellcheck disable=SC2086  # TESTS: test paths, split on purpose
+  timeout "${TESTS_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-} > "$OUT/tests.log" 2>&1 || status=1
   tail -25 "$OUT/tests.log"
 fi
 
 if wants gpu; then
   echo "== GPU benchmark"
   timeout "${GPU_S:-360}" "$PY" benchmarks/bench_gpu.py --device "$DEVICE" --budget-s $(( ${GPU_S:-360} - 60 )) \
-    --out "$OUT/gpu.json" "${DRY[@]}" > "$OUT/gpu.log" 2>&1 || status=1
+    --out "$OUT/gpu.json" ${ONLY:+--only "$ONLY"} "${DRY[@]}" > "$OUT/gpu.log" 2>&1 || status=1
   grep -v '^round ' "$OUT/gpu.log" | tail -60
 fi
 

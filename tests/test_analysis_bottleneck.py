@@ -178,3 +178,20 @@ def test_more_workers_are_not_offered_when_another_limit_is_lower():
     assert neck["bound_kind"] == "cores" and report["cpu"]["saturation"] < 0.9
     assert neck["limit"] == "stage" and neck["levers"] == []
     assert neck["hint"] == "no change to inference alone would raise the bound (38.5 fps, set by the CPU cores)"
+
+
+def test_cold_forwards_that_ate_inference_time_are_named_in_the_evidence():
+    # On a GPU, a partial batch of a new size was a new input shape: its one-off set-up took most
+    # of inference's time while its ms per frame (warm batches only) promised a high capacity.
+    run = steady_run(cores=16, period_s=1 / 120, wall_ms={"pre": 13.0, "infer": 1.3, "post": 9.0},
+                     workers={"pre": 16, "infer": 1, "post": 16}, busy={"pre": 0.2, "infer": 0.9, "post": 0.1},
+                     config={"device": "cuda:0", "batch_size": 32}, machine={"device_type": "cuda"}, frames=480)
+    for w in run.workers:
+        if w["role"] == "infer":
+            w.update(device="cuda:0", cold_forwards=40, cold_forward_s=0.6 * w["busy_s"])
+    neck = build_report(run)["bottleneck"]
+    assert neck["stage"] == "infer"
+    assert "inference spent 60 % of its busy time" in neck["evidence"]
+    assert "40 first forwards of new input shapes" in neck["evidence"]
+    quiet = steady_run(cores=16, workers={"pre": 16, "infer": 1, "post": 16}, busy={"infer": 0.9})
+    assert "first forwards" not in build_report(quiet)["bottleneck"]["evidence"]

@@ -29,11 +29,10 @@ from yolo.detect import DetectOptions, candidates_for_batch
 from yolo.model import C3, SPPF, Bottleneck, Conv, Detect
 from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
-from yolo.tensors import chw_batch_to_input
+from yolo.tensors import BatchInput, batch_bucket
 from yolo.timing import default_timing_mode, instrument
 
 POLL_TIMEOUT_MS = 100
-MAX_PINNED_SHAPES = 16
 NO_CANDIDATES = np.zeros((0, 6), np.float32)
 
 
@@ -44,29 +43,6 @@ def instrument_model(model: nn.Module, cfg, device: torch.device):
     selection = {"layers": {"depth": 2}, "blocks": {"types": (Conv, Bottleneck, C3, SPPF, Detect)},
                  "leaves": {"leaves": True}}[cfg.module_timing]
     return instrument(model, mode=mode, keep_span_forwards=cfg.trace_module_forwards, **selection)
-
-
-class BatchInput:
-    """Turns uint8 3xHxW RGB frames into the model's float batch on the device, through a
-    reused pinned buffer and a non-blocking copy on CUDA."""
-
-    def __init__(self, device: torch.device, dtype: torch.dtype):
-        self.device = device
-        self.dtype = dtype
-        self.pinned: dict[tuple, torch.Tensor] = {}
-
-    def __call__(self, images: list[np.ndarray]) -> torch.Tensor:
-        shape = (len(images),) + images[0].shape
-        if self.device.type == "cuda":
-            if shape not in self.pinned:
-                if len(self.pinned) >= MAX_PINNED_SHAPES:
-                    self.pinned.clear()
-                self.pinned[shape] = torch.empty(shape, dtype=torch.uint8).pin_memory()
-            host = self.pinned[shape]  # safe to refill: the last batch's copy finished at its sync
-            np.stack(images, out=host.numpy())
-        else:
-            host = torch.from_numpy(np.stack(images))
-        return chw_batch_to_input(host, self.device, self.dtype)
 
 
 class Detector:
@@ -88,13 +64,17 @@ class Detector:
         else:
             self.precision = "none"
         self.opts: DetectOptions = cfg.detect_options()
-        self.to_batch = BatchInput(self.device, self.model.input_dtype if self.model else torch.float32)
+        self.to_batch = BatchInput(self.device, self.model.input_dtype if self.model else torch.float32,
+                                   cfg.batch_size)
+        self.batch_size = cfg.batch_size
         self.shapes_seen: set[tuple] = set()
 
     def candidates(self, images: list[np.ndarray], substages: dict, measured: bool) -> tuple[list[np.ndarray], bool]:
         """Per image Tensor[K, 6] candidates as numpy, and whether this was the first forward of
-        its input shape here (slow one-off set-up: excluded from statistics)."""
-        shape = (len(images),) + images[0].shape
+        its input shape here (slow one-off set-up: excluded from statistics). On a GPU a partial
+        batch runs padded to its bucket (``batch_bucket``), so new input shapes stay few."""
+        rows = batch_bucket(len(images), self.batch_size) if self.device.type == "cuda" else len(images)
+        shape = (rows,) + images[0].shape
         cold = shape not in self.shapes_seen
         self.shapes_seen.add(shape)
         if self.model is None:
@@ -103,9 +83,9 @@ class Detector:
             self.timing.recorder.measuring = measured and not cold
         t_start = time.perf_counter()
         with torch.inference_mode():
-            x = self.to_batch(images)
+            x = self.to_batch(images, rows)
             t_device = time.perf_counter()
-            prediction = self.model(x)
+            prediction = self.model(x)[:len(images)]  # the padded rows' results are dropped
             t_forward = time.perf_counter()
             found = candidates_for_batch(prediction, self.opts)  # .cpu() here waits for the GPU
         t_end = time.perf_counter()
@@ -147,7 +127,8 @@ def run(args: StageArgs) -> None:
     waiting: dict[tuple, list] = collections.defaultdict(list)  # letterboxed shape -> [(t_recv, msg, image)]
     outbox: collections.deque = collections.deque()  # (header, arrays) ready for the postprocess pool
     substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
-    batches = frames = 0
+    batches = frames = cold_forwards = 0
+    cold_forward_s = 0.0  # first forwards of an input shape: set-up time left out of ms per frame, said apart
     module_times = ModuleTimes(detector.timing)
     log.info(detector.log_line())
     try:
@@ -184,6 +165,8 @@ def run(args: StageArgs) -> None:
                 module_times.after_forward()
                 if measured and not cold:
                     clock.add_frames(*spent, frames=len(group))
+                elif cold:
+                    cold_forwards, cold_forward_s = cold_forwards + 1, cold_forward_s + t_end - t_start
                 batches += 1
                 frames += len(group)
                 continue
@@ -205,6 +188,7 @@ def run(args: StageArgs) -> None:
                       [h["id"] for h, _ in outbox])
         send_message(results_out, worker_stats(
             args, "infer", threads, clock, frames, drops, batches=batches, precision=detector.precision,
+            cold_forwards=cold_forwards, cold_forward_s=cold_forward_s,
             bytes_in=frames_in.bytes_received, bytes_out=frames_out.bytes_sent,
             messages_in=frames_in.frames_received, messages_out=frames_out.frames_sent,
             substages_ms={k: v.to_dict() for k, v in substages.items()}, link="infer->post",
