@@ -41,6 +41,7 @@ from bench_pipeline import OWN_FPS_LINE, cpu_model, fmt  # noqa: E402  (benchmar
 from interleave import rotated  # noqa: E402
 
 SCALES = (0.5, 1.0, 1.5)
+FRAME_SET_PREFIX = "bench-gpu-frames-"
 COMMAND_TIMEOUT_S = 300.0
 
 
@@ -99,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
 def make_frame_set(images: str) -> str:
     """The photos of ``images`` at each of SCALES, as JPEG files in a temporary folder."""
     import cv2
-    folder = tempfile.mkdtemp(prefix="bench-gpu-frames-")
+    folder = tempfile.mkdtemp(prefix=FRAME_SET_PREFIX)
     photos = sorted(f for f in os.listdir(images) if f.lower().endswith((".jpg", ".jpeg", ".png")))
     if not photos:
         raise SystemExit(f"error: --images: expected photos in {images!r}, got none")
@@ -226,6 +227,15 @@ def bare_fps(loop_run: dict, precision: str, batch: int, tuned: bool = False) ->
     return rows[0]["forward_fps"] if rows else None
 
 
+def bare_medians(runs: list[dict]) -> dict[tuple, float | None]:
+    """(precision, batch, cudnn autotuning) -> the bare loop's median forward fps over rounds."""
+    rows: dict[tuple, list[float]] = {}
+    for run in runs:
+        for row in run["rates"]["rows"] if run.get("ok") else []:
+            rows.setdefault((row["precision"], row["batch"], row["cudnn_benchmark"]), []).append(row["forward_fps"])
+    return {key: median(values) for key, values in rows.items()}
+
+
 def ratios(cs: list[Contender], rounds: list[dict]) -> dict:
     """Medians over rounds of: each pipeline run / the bare loop at its batch and precision, the
     best pipeline / python -m yolo at the same precision, layers timing / none."""
@@ -252,16 +262,24 @@ def ratios(cs: list[Contender], rounds: list[dict]) -> dict:
     return out
 
 
+def shown(arg: str) -> str:
+    """A command's argument as the JSON keeps it: the frame set as FRAMES, other paths relative to
+    the repository (no machine paths in the figures)."""
+    if FRAME_SET_PREFIX in arg:
+        return "FRAMES"
+    return os.path.relpath(arg, REPO) if os.path.isabs(arg) else arg
+
+
 def summarise(s: Settings, cs: list[Contender], rounds: list[dict], info: dict) -> dict:
     table = {}
     for c in cs:
         runs = [r[c.key] for r in rounds if c.key in r]
-        entry = {"label": c.label, "command": " ".join(os.path.relpath(a, REPO) if os.path.isabs(a) else a
-                                                        for a in c.argv[1:]), "runs": runs}
+        entry = {"label": c.label, "command": " ".join(map(shown, c.argv[1:])), "runs": runs}
         if c.kind != "loop":
             entry["fps"] = median(r.get("fps") for r in runs if r.get("ok"))
         table[c.key] = entry
-    return {"settings": asdict(s) | {"weights": os.path.basename(s.weights), "images": "fixtures"},
+    settings = {k: v for k, v in asdict(s).items() if k != "out"}  # no machine paths in the figures
+    return {"settings": settings | {"weights": os.path.basename(s.weights), "images": "fixtures"},
             "machine": info, "contenders": table, "ratios": ratios(cs, rounds),
             "method": "each tool's own fps (pipeline: report.json measured window); medians over interleaved rounds"}
 
@@ -272,15 +290,9 @@ def print_table(result: dict) -> None:
           f"{m.get('cuda')}, cuDNN {m.get('cudnn')}); {m['cores']} cores ({m['cpu']})")
     for key, c in result["contenders"].items():
         if key == "bare":
-            last = next((r for r in reversed(c["runs"]) if r.get("ok")), None)
-            if last:
-                for row in last["rates"]["rows"]:
-                    fps = median(r2["rates"]["rows"][i]["forward_fps"] for r2 in c["runs"] if r2.get("ok")
-                                 for i, x in enumerate(r2["rates"]["rows"]) if x == row or (
-                                     x["precision"], x["batch"], x["cudnn_benchmark"]) ==
-                                 (row["precision"], row["batch"], row["cudnn_benchmark"]))
-                    print(f"  {'bare loop ' + row['precision'] + ' b' + str(row['batch']) + (' cudnn.bm' if row['cudnn_benchmark'] else ''):48s}"
-                          f" {fmt(fps, 1):>9s} fps")
+            for (precision, batch, tuned), fps in bare_medians(c["runs"]).items():
+                label = f"bare loop {precision} b{batch}" + (" cudnn.bm" if tuned else "")
+                print(f"  {label:48s} {fmt(fps, 1):>9s} fps")
             continue
         runs = [r for r in c["runs"] if r.get("ok")]
         extra = ""

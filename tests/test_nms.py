@@ -189,7 +189,12 @@ def test_bad_candidates_shape_and_limits():
 def test_cuda_matches_cpu():
     prediction = torch.stack([_random_prediction(500, seed=s) for s in range(2)])
     cpu = non_max_suppression(prediction, 0.3, 0.5)
-    cuda = non_max_suppression(prediction.cuda().half(), 0.3, 0.5)
-    for a, b in zip(cpu, cuda):
-        assert b.device.type == "cuda"
-        assert abs(a.shape[0] - b.shape[0]) <= 2
+    fp32 = non_max_suppression(prediction.cuda(), 0.3, 0.5)
+    fp16 = non_max_suppression(prediction.cuda().half(), 0.3, 0.5)
+    for a, b, c in zip(cpu, fp32, fp16):
+        assert b.device.type == "cuda" and c.device.type == "cuda"
+        assert b.shape == a.shape  # fp32: the same boxes, in the same order
+        torch.testing.assert_close(b.cpu(), a, atol=1e-3, rtol=1e-4)
+        # fp16 keeps about 3 significant digits: of ~285 random boxes kept, the H200 kept 3 fewer
+        # (scores and overlaps rounded across the 0.3 and 0.5 thresholds); a few per hundred may flip.
+        assert abs(c.shape[0] - a.shape[0]) <= max(2, 0.03 * a.shape[0])
