@@ -27,7 +27,7 @@ sys.path.insert(0, REPO)
 
 from bench_gpu import FIXTURES, make_frame_set, median  # noqa: E402  (benchmarks/: this script's folder)
 from bench_pipeline import OWN_FPS_LINE, cpu_model, fmt  # noqa: E402
-from interleave import rotated  # noqa: E402
+from interleave import rotated, rounds_within  # noqa: E402
 
 from workers.host import usable_cores  # noqa: E402
 from yolo.precision import read_cpu_flags  # noqa: E402
@@ -150,11 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict] = []
     guesses: dict[int, float] = {}
     try:
-        for r in range(a.rounds):
-            elapsed = time.perf_counter() - t_start
-            if r and elapsed / r * (r + 1) > a.budget_s:
-                print(f"stopping after {r} rounds: another would end past --budget-s {a.budget_s:g}", flush=True)
-                break
+        for r in rounds_within(a.rounds, a.budget_s, t_start):
             rounds.append({})
             for tool, n in rotated(pairs, r):
                 got = pipeline_run(a, frames, n) if tool == "pipeline" else yolo_run(a, frames, n, guesses.get(n, 4.0 * n))

@@ -38,7 +38,7 @@ FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")
 sys.path.insert(0, REPO)
 
 from bench_pipeline import OWN_FPS_LINE, cpu_model, fmt  # noqa: E402  (benchmarks/: this script's folder)
-from interleave import rotated  # noqa: E402
+from interleave import rotated, rounds_within  # noqa: E402
 
 SCALES = (0.5, 1.0, 1.5)
 FRAME_SET_PREFIX = "bench-gpu-frames-"
@@ -319,11 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --only: no contender is named {', '.join(s.only)}")
     rounds: list[dict] = []
     try:
-        for r in range(s.rounds):
-            elapsed = time.perf_counter() - t_start
-            if r and elapsed / r * (r + 1) > s.budget_s:
-                print(f"stopping after {r} rounds: another would end past --budget-s {s.budget_s:g}", flush=True)
-                break
+        for r in rounds_within(s.rounds, s.budget_s, t_start):
             rounds.append({})
             for c in rotated(cs, r):
                 rounds[-1][c.key] = run_once(c)

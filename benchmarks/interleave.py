@@ -5,7 +5,7 @@ percent between separate runs) hits every variant alike; results are medians ove
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -18,6 +18,17 @@ def rotated(items: Sequence[T], round_index: int) -> list[T]:
         return []
     shift = round_index % len(items)
     return list(items[shift:]) + list(items[:shift])
+
+
+def rounds_within(rounds: int, budget_s: float, started_s: float) -> Iterator[int]:
+    """Round indices 0 .. rounds - 1 while one more round, as long as the mean round so far,
+    still ends within ``budget_s`` of ``started_s`` (a perf_counter reading)."""
+    for r in range(rounds):
+        elapsed = time.perf_counter() - started_s
+        if r and elapsed / r * (r + 1) > budget_s:
+            print(f"stopping after {r} rounds: another would end past --budget-s {budget_s:g}", flush=True)
+            return
+        yield r
 
 
 def round_robin(variants: dict[str, Callable[[], object]], rounds: int, warmup: int,
