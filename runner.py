@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
     add("--classes", type=int, nargs="+", help="keep only these class ids")
     add("--agnostic-nms", action="store_const", const=True, help="NMS across classes")
     add("--device", help="cpu, cuda, cuda:N, or a list such as cuda:0,cuda:1")
+    add("--backend", choices=("torch", "openvino"),
+        help="what runs the forward: torch (default), or OpenVINO on the CPU (the model converted once, cached)")
     add("--half", action="store_const", const=True, help="fp16 on CUDA, bfloat16 on a CPU that has it")
     add("--no-fuse", dest="fuse", action="store_const", const=False, help="keep BatchNorm separate")
     add("--no-channels-last", dest="channels_last", action="store_const", const=False,
@@ -107,11 +109,13 @@ def flag_named(message: str, flags: dict) -> str:
 
 def prepare(cfg):
     """The resolved configuration, machine, class names and frame plan; ConfigError names what is bad."""
-    from supervisor.prepare import check_results_dir, check_run_name, plan_source, resolve
+    from supervisor.prepare import check_results_dir, check_run_name, plan_source, prepare_backend, resolve
     cfg, machine, names = resolve(cfg)
     check_results_dir(cfg.results)
     check_run_name(cfg.results, cfg.name, cfg.exist_ok)
-    return cfg, machine, names, plan_source(cfg)
+    plan = plan_source(cfg)
+    prepare_backend(cfg)
+    return cfg, machine, names, plan
 
 
 def main(argv: list[str] | None = None) -> int:

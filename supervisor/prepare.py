@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib.util
 import logging
 import math
 import os
@@ -46,6 +47,7 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     if not specs:
         raise ConfigError(f"config device: expected cpu, cuda, cuda:N or a list, got {cfg.device!r}")
     on_cuda = any(s.startswith("cuda") for s in specs)
+    _check_backend(cfg, on_cuda)
     if on_cuda:
         from yolo.devices import resolve_device
         try:
@@ -74,6 +76,30 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
                                    pre_workers=cfg.pre_workers or workers, post_workers=cfg.post_workers or workers,
                                    infer_workers=infer, infer_threads=cfg.infer_threads or 1, devices=tuple(devices))
     return resolved, machine, names
+
+
+def _check_backend(cfg: RunConfig, on_cuda: bool) -> None:
+    if cfg.backend != "openvino" or cfg.preset == MODEL_FREE and not cfg.weights:
+        return
+    if on_cuda:
+        raise ConfigError(f"config backend: openvino runs on the CPU here; expected device cpu, got {cfg.device!r} "
+                          "(use the torch backend on CUDA)")
+    if importlib.util.find_spec("openvino") is None:
+        raise ConfigError("config backend: openvino is not installed (pip install -r requirements.txt installs the "
+                          "pinned version)")
+
+
+def prepare_backend(cfg: RunConfig) -> None:
+    """Convert the model for OpenVINO now, once, into its disk cache, so that no inference process
+    converts it (seconds each, all at once); a cached conversion is only checked."""
+    if cfg.backend != "openvino" or cfg.preset == MODEL_FREE and not cfg.weights:
+        return
+    from yolo.openvino_model import OpenVinoError, converted_model_path
+    try:
+        path, converted = converted_model_path(cfg.weights or None, preset=cfg.preset, fuse=cfg.fuse)
+    except OpenVinoError as exc:
+        raise ConfigError(f"config backend: {exc}") from None
+    log.info("OpenVINO model %s: %s", "converted and cached" if converted else "from the cache", path.parent)
 
 
 def _class_names(cfg: RunConfig) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from typing import Any
 
 # TOML section -> the RunConfig fields it may hold.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "model": ("weights", "preset", "fuse", "inplace", "half", "channels_last"),
+    "model": ("weights", "preset", "backend", "fuse", "inplace", "half", "channels_last"),
     "detect": ("imgsz", "rect", "conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms"),
     "source": ("source", "frames", "duration", "warmup", "synthetic_count", "vid_stride", "decode", "max_pixels"),
     "pipeline": ("device", "workers", "pre_workers", "infer_workers", "post_workers", "infer_threads",
@@ -23,6 +23,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "transport": ("transport", "tcp_host", "tcp_base_port"),
 }
 MODULE_TIMING = ("none", "layers", "blocks", "leaves")
+BACKENDS = ("torch", "openvino")  # what runs the forward: torch (CPU or CUDA), or OpenVINO (CPU)
 TIMING_MODES = ("auto", "cpu", "cuda-sync", "cuda-events")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -38,6 +39,7 @@ class ConfigError(ValueError):
 class RunConfig:
     weights: str = ""
     preset: str = "yolov5n"
+    backend: str = "torch"
     fuse: bool = True
     inplace: bool = True
     half: bool = False
@@ -100,6 +102,7 @@ class RunConfig:
         _check(self.duration >= 0, "duration", ">= 0 seconds (0 = off)", self.duration)
         _check(self.vid_stride >= 1, "vid_stride", ">= 1", self.vid_stride)
         _check(self.decode in ("full", "reduced"), "decode", "'full' or 'reduced'", self.decode)
+        _check(self.backend in BACKENDS, "backend", f"one of {BACKENDS}", self.backend)
         _check(self.max_pixels > 0, "max_pixels", "> 0", self.max_pixels)
         _check(self.name == "" or (self.name not in (".", "..", "latest") and "/" not in self.name
                                    and "\\" not in self.name), "name", "a folder name without '/' (not 'latest')",

@@ -45,6 +45,20 @@ def instrument_model(model: nn.Module, cfg, device: torch.device):
     return instrument(model, mode=mode, keep_span_forwards=cfg.trace_module_forwards, **selection)
 
 
+def load_backend(cfg, device: torch.device, precision: str, threads: int):
+    """(the model, its module timing or None) for ``cfg.backend``: torch's model wrapped by
+    ``TimedModule``, or the OpenVINO model (converted by the runner beforehand) timed by its own
+    counters. Both are called alike: float batch in, decoded predictions out."""
+    if cfg.backend == "openvino":
+        from yolo.openvino_model import OpenVinoModel
+        model = OpenVinoModel(cfg.weights or None, preset=cfg.preset, precision=precision, threads=threads,
+                              fuse=cfg.fuse, timing=cfg.module_timing, keep_span_forwards=cfg.trace_module_forwards)
+        return model, model.timing
+    model = load_model(cfg.weights or None, preset=cfg.preset, device=device, precision=precision, fuse=cfg.fuse,
+                       inplace=cfg.inplace, channels_last=cfg.channels_last)
+    return model, instrument_model(model, cfg, device)
+
+
 class Detector:
     """The model and what a batch needs: input conversion, candidate selection, module timing."""
 
@@ -56,11 +70,9 @@ class Detector:
         self.precision = choose_precision(self.device, cfg.half)
         if cfg.preset != MODEL_FREE or cfg.weights:
             logging.getLogger("yolo.model").setLevel(logging.ERROR)  # the runner already warned of random weights
-            self.model = load_model(cfg.weights or None, preset=cfg.preset, device=self.device, precision=self.precision,
-                                    fuse=cfg.fuse, inplace=cfg.inplace, channels_last=cfg.channels_last)
+            self.model, self.timing = load_backend(cfg, self.device, self.precision, args.torch_threads)
             if self.model.max_stride != LETTERBOX_STRIDE:
                 raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {self.model.max_stride}")
-            self.timing = instrument_model(self.model, cfg, self.device)
         else:
             self.precision = "none"
         self.opts: DetectOptions = cfg.detect_options()
@@ -99,7 +111,8 @@ class Detector:
         if self.model is None:
             return "no model (--preset none): every frame gets no detections at once"
         mode = self.timing.recorder.mode if self.timing else "off"
-        return f"model on {self.device}: {self.model.num_params()} parameters, {self.precision}, timing {mode}"
+        engine = self.model.log_line() if hasattr(self.model, "log_line") else f"torch {torch.__version__}"
+        return f"model on {self.device}: {self.model.num_params()} parameters, {self.precision}, {engine}, timing {mode}"
 
 
 def run(args: StageArgs) -> None:
@@ -188,6 +201,7 @@ def run(args: StageArgs) -> None:
                       [h["id"] for h, _ in outbox])
         send_message(results_out, worker_stats(
             args, "infer", threads, clock, frames, drops, batches=batches, precision=detector.precision,
+            backend=args.config.backend if detector.model is not None else "none",
             cold_forwards=cold_forwards, cold_forward_s=cold_forward_s,
             bytes_in=frames_in.bytes_received, bytes_out=frames_out.bytes_sent,
             messages_in=frames_in.frames_received, messages_out=frames_out.frames_sent,

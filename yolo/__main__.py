@@ -15,6 +15,7 @@ from yolo.checkpoint import CheckpointError, load_model
 from yolo.detect import SEQUENTIAL_STAGES, DetectOptions, run_sequential, write_json
 from yolo.devices import resolve_device
 from yolo.imageio import DEFAULT_MAX_PIXELS, DECODE_MODES, DecodeOptions
+from yolo.openvino_model import OpenVinoError, OpenVinoModel
 from yolo.precision import choose_precision
 from yolo.sources import plan_frames
 
@@ -44,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="NMS across classes")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--backend", choices=("torch", "openvino"), default="torch",
+                   help="what runs the forward: torch, or OpenVINO on the CPU (the model converted once, cached)")
     p.add_argument("--half", action="store_true",
                    help="half precision: fp16 on CUDA, bfloat16 on a CPU with AVX512-BF16 or AMX "
                         "(refused on other CPUs, where bf16 runs emulated and much slower than fp32)")
@@ -79,9 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.threads < 1:
                 raise ValueError(f"--threads: expected >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
-        model = load_model(args.weights, preset=args.preset, device=device, precision=precision, fuse=not args.no_fuse,
-                           channels_last=not args.no_channels_last)
-    except (ValueError, CheckpointError) as exc:
+        model = load_detector(args, device, precision)
+    except (ValueError, CheckpointError, OpenVinoError) as exc:
         log.error("error: %s", exc)
         return 2
     log.info("source %s: %s", args.source, plan.summary())
@@ -93,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_dir:
         log.info("annotated images saved to %s", os.path.abspath(args.save_dir))
     return 0
+
+
+def load_detector(args: argparse.Namespace, device: torch.device, precision: str):
+    """The torch model, or the same model converted for OpenVINO (cached on disk), called alike."""
+    if args.backend == "torch":
+        return load_model(args.weights, preset=args.preset, device=device, precision=precision, fuse=not args.no_fuse,
+                          channels_last=not args.no_channels_last)
+    if device.type != "cpu":
+        raise ValueError(f"--backend openvino runs on the CPU here; expected --device cpu, got {args.device!r}")
+    return OpenVinoModel(args.weights, preset=args.preset, precision=precision, threads=args.threads,
+                         fuse=not args.no_fuse)
 
 
 def check_save_options(args: argparse.Namespace) -> None:

@@ -26,6 +26,7 @@ __all__ = ["RESIDUAL_NAME", "ModuleStats", "aggregate", "forward_stats", "TIMING
            "TimedModule", "timed", "select_modules", "Instrumentation", "instrument", "default_timing_mode"]
 
 TIMING_MODES = ("cpu", "cuda-sync", "cuda-events")
+EXTERNAL_MODES = ("openvino-counters",)  # forwards timed by an engine's own counters (``add_forward``)
 MAX_SHAPES_PER_MODULE = 8
 
 _active_recorder: contextvars.ContextVar["Recorder | None"] = contextvars.ContextVar(
@@ -65,9 +66,9 @@ class Recorder:
     """
 
     def __init__(self, mode: str = "cpu", warmup_forwards: int = 0, keep_span_forwards: int = 0):
-        if mode not in TIMING_MODES:
-            raise ValueError(f"timing mode: expected one of {TIMING_MODES}, got {mode!r}")
-        if mode != "cpu" and not torch.cuda.is_available():
+        if mode not in TIMING_MODES + EXTERNAL_MODES:
+            raise ValueError(f"timing mode: expected one of {TIMING_MODES + EXTERNAL_MODES}, got {mode!r}")
+        if mode.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"timing mode {mode!r} needs CUDA, which is not available")
         if warmup_forwards < 0:
             raise ValueError(f"warmup_forwards: expected >= 0, got {warmup_forwards}")
@@ -94,7 +95,7 @@ class Recorder:
         self._input_shapes: set[str] = set()
         # The clock, chosen once: it runs twice per timed call.
         self._now: Callable[[], Any] = {"cpu": time.perf_counter, "cuda-sync": self._synced_now,
-                                         "cuda-events": self._event_now}[mode]
+                                         "cuda-events": self._event_now}.get(mode, time.perf_counter)
 
     # -- registration -----------------------------------------------------------------------
     def register(self, name: str, type_name: str, params: int) -> None:
@@ -199,6 +200,24 @@ class Recorder:
             self._events.extend(e for _, s, t, _ in self._pending for e in (s, t))
             self._events.extend((self._forward_start, end))
         self._pending = []
+
+    def add_forward(self, forward_ms: float, times: dict[str, float], started_s: float) -> None:
+        """A forward timed by another clock (an inference engine's own counters): its whole time
+        and each registered name's; the residual is what no outermost name covers. Spans of the
+        first kept forwards hold the forward alone (such counters give no start times)."""
+        self._forwards_seen += 1
+        if not (self.measuring and self._forwards_seen > self.warmup_forwards):
+            return
+        self.forward_ms.append(forward_ms)
+        covered = 0.0
+        for name, ms in times.items():
+            self.times_ms.setdefault(name, []).append(ms)
+            if self.infos[name].outermost:
+                covered += ms
+        self.residual_ms.append(max(forward_ms - covered, 0.0))
+        self._kept_forwards += 1
+        if self._kept_forwards <= self.keep_span_forwards:
+            self.spans.append(("forward", started_s, forward_ms, -1))
 
     @contextlib.contextmanager
     def activate(self) -> Iterator["Recorder"]:
