@@ -52,8 +52,11 @@ def sweep_request(cfg: RunConfig, sweep: bool | None, sweep_budget_s: float | No
                   flags: dict, config_path: str, default_config: str) -> SweepRequest | None:
     """The checked sweep request; None without ``--sweep``. ValueError names a bad value."""
     if not sweep:
-        if sweep_budget_s is not None or save_config:
-            raise ValueError("--sweep-budget-s and --save-config: expected --sweep as well")
+        given = [flag for flag, value in (("--sweep-budget-s", sweep_budget_s), ("--save-config", save_config))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)}: expected --sweep as well (the settings saved are the ones "
+                             "a sweep finds)")
         return None
     budget = DEFAULT_BUDGET_S if sweep_budget_s is None else sweep_budget_s
     trial_s = cfg.duration or DEFAULT_TRIAL_S

@@ -143,6 +143,8 @@ def test_a_clip_served_over_http_and_a_txt_list(tmp_path):
 
 
 def test_named_runs_and_the_json_summary(tmp_path):
+    """A taken --name gives name2, as detect.py's exp -> exp2; --exist-ok reuses the folder and
+    removes the old run's outputs first, leaving the user's own files."""
     results = tmp_path / "results"
     cmd = [sys.executable, "runner.py", "--results", str(results), "--name", "first", "--frames", "6", "--imgsz", "64",
            "--workers", "1", "--infer-workers", "1", "--json", "--no-progress"]
@@ -152,9 +154,27 @@ def test_named_runs_and_the_json_summary(tmp_path):
     assert summary["exit_code"] == 0 and summary["processed"] == 6 and summary["run_dir"].endswith("first")
     assert (results / "first" / "report.json").is_file() and os.readlink(results / "latest") == "first"
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "--exist-ok" in again.stderr
-    reused = subprocess.run(cmd + ["--exist-ok"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert reused.returncode == 0
+    assert again.returncode == 0 and json.loads(again.stdout)["run_dir"].endswith("first2"), again.stderr[-2000:]
+    assert "first exists: this run goes to" in again.stderr and os.readlink(results / "latest") == "first2"
+    (results / "first" / "images" / "old.jpg").write_bytes(b"from the first run")
+    (results / "first" / "notes.txt").write_text("the user's")
+    reused = subprocess.run(cmd + ["--exist-ok", "--save-images", "none"], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert reused.returncode == 0 and json.loads(reused.stdout)["run_dir"].endswith("first")
+    assert os.listdir(results / "first" / "images") == [] and (results / "first" / "notes.txt").is_file()
+
+
+def test_crops_and_label_options_of_detect_py(tmp_path, fixtures_dir):
+    """--save-crop cuts each detection out of bus.jpg into crops/<class>/, one file per box."""
+    code, run_dir = run(tmp_path, "--weights", str(fixtures_dir / "yolov5n.pt"), "--source",
+                        str(fixtures_dir / "bus.jpg"), "--save-crop", "--hide-conf", "--line-thickness", "2")
+    assert code == 0
+    detections = load(run_dir, "detections.json")
+    crops = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "crops").rglob("*.jpg"))
+    assert len(crops) == len(detections) > 0 and "crops/bus/bus.jpg" in crops and "crops/person/bus2.jpg" in crops
+    person = cv2.imread(str(run_dir / "crops" / "person" / "bus.jpg"))
+    assert person is not None and person.shape[0] > person.shape[1]  # a standing person: taller than wide
+    assert (run_dir / "images" / "bus.jpg").is_file()
 
 
 def test_duration_ends_a_looping_run_and_counts_only_what_started(tmp_path):

@@ -41,7 +41,8 @@ class Collected:
         self.detections = JsonListFile(os.path.join(args.run_dir, "detections.json"), json_text)
         self.predictions = JsonListFile(os.path.join(args.run_dir, "predictions.json"), json_text)
         self.image_error: str | None = None
-        self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every)
+        self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every,
+                                      args.config.draw_options())
         self.views = SlotViews(args.run_tag)
         self.returns = SlotReturns(ctx, args)
         self.bytes_in = self.messages_in = 0

@@ -14,6 +14,7 @@ import torch
 from yolo.checkpoint import CheckpointError, load_model
 from yolo.detect import SEQUENTIAL_STAGES, DetectOptions, run_sequential, write_json
 from yolo.devices import resolve_device
+from yolo.helpformat import DefaultsHelpFormatter
 from yolo.imageio import DEFAULT_MAX_PIXELS, DECODE_MODES, DecodeOptions
 from yolo.precision import choose_precision
 from yolo.sources import plan_frames
@@ -22,7 +23,7 @@ log = logging.getLogger("yolo")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m yolo", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m yolo", description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.add_argument("--weights", default=None, help="YOLOv5 checkpoint (.pt); default: random-weight --preset")
     p.add_argument("--preset", default="yolov5n", help="model built with random weights when --weights is absent")
     p.add_argument("--source", default="synthetic",
@@ -32,18 +33,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="'reduced': decode large JPEGs at 1/2, 1/4 or 1/8 size (boxes are mapped back)")
     p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                    help="refuse images with more pixels than this, before decoding them")
-    p.add_argument("--imgsz", type=int, default=640, help="letterbox size (long side in --rect mode)")
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=640, help="letterbox size (long side in --rect mode)")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--rect", dest="rect", action="store_const", const=True, default=True,
-                       help="pad the short side only to a multiple of the stride (default, as runner.py)")
+                       help="pad the short side only to a multiple of the stride, as runner.py")
     shape.add_argument("--square", dest="rect", action="store_const", const=False,
                        help="pad to a fixed imgsz x imgsz square")
-    p.add_argument("--conf-thres", type=float, default=0.25)
-    p.add_argument("--iou-thres", type=float, default=0.45)
-    p.add_argument("--max-det", type=int, default=1000)
+    p.add_argument("--conf-thres", "--conf", dest="conf_thres", type=float, default=0.25,
+                   help="keep boxes scoring at least this")
+    p.add_argument("--iou-thres", "--iou", dest="iou_thres", type=float, default=0.45,
+                   help="NMS drops a box overlapping a better one of its class by more than this IoU")
+    p.add_argument("--max-det", type=int, default=1000, help="keep at most this many boxes per image")
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="NMS across classes")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or N for cuda:N")
     p.add_argument("--half", action="store_true",
                    help="half precision: fp16 on CUDA, bfloat16 on a CPU with AVX512-BF16 or AMX "
                         "(refused on other CPUs, where bf16 runs emulated and much slower than fp32)")
