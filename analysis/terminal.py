@@ -29,6 +29,8 @@ def format_summary(summary: dict, report: dict | None = None) -> str:
     if summary["latency_p50_ms"] is not None:
         lines.append(f"latency     p50 {summary['latency_p50_ms']:.1f}  p95 {summary['latency_p95_ms']:.1f}  "
                      f"p99 {summary['latency_p99_ms']:.1f} ms")
+    if summary.get("precision"):
+        lines.append(f"model       {summary['precision']}, {summary['backend']}")
     lines.append(_cpu_line(summary))
     lines.append(f"{'stage':<8}{'workers':>8}{'wall ms':>9}{'CPU ms':>8}{'busy %':>8}{'CPU %':>7}{'PSS MiB':>9}")
     for role in ROLES:

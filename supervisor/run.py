@@ -30,6 +30,8 @@ from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
 from supervisor.processes import Launcher, role_of
 from supervisor.signals import EXIT_CODES, Interrupts
 from workers.config import RunConfig
+from yolo.precision import choose_precision
+from yolo.presets import MODEL_FREE
 from workers.lifecycle import (LOG_FORMAT, Endpoints, StageArgs, Wire, make_endpoints, make_ipc_dir,
                                remove_stale_ipc_dirs)
 from workers.messages import DRAIN, FINISHED, HEARTBEAT, PEER_GONE, PROGRESS, STOP, validate
@@ -213,6 +215,16 @@ def frames_planned(cfg: RunConfig, plan) -> str:
     return f"{plan.total} frames"
 
 
+def model_words(cfg: RunConfig) -> str:
+    """The model, its precision and the backend, as the start line says them."""
+    if cfg.preset == MODEL_FREE and not cfg.weights:
+        return "no model (--preset none)"
+    model = os.path.basename(cfg.weights) if cfg.weights else f"random-weight {cfg.preset}"
+    precision = choose_precision(cfg.devices[0] if cfg.devices else cfg.device, cfg.half)
+    autocast = " autocast" if precision == "bf16" else ""
+    return f"{model} in {precision}{autocast} (PyTorch eager)"
+
+
 def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, *, show_progress: bool = True,
                  runner_started_s: float | None = None) -> Outcome:
     """Run the pipeline once; raises UsageError before anything starts if a socket cannot be bound."""
@@ -254,9 +266,9 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         template = StageArgs(name="", index=0, config=cfg, plan=plan, endpoints=endpoints, wire=wire,
                              log_path=log_path, run_dir=run_dir, run_tag=run_tag, names=names,
                              runner_pid=os.getpid(), slot_bytes=slot_bytes, slot_count=slot_count)
-        log.info("run %s: %s from %s; %d pre, %d infer (%s, %d threads each), %d post workers",
-                 os.path.basename(run_dir), frames_planned(cfg, plan), cfg.source, cfg.pre_workers, cfg.infer_workers,
-                 ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
+        log.info("run %s: %s from %s; %s; %d pre, %d infer (%s, %d threads each), %d post workers",
+                 os.path.basename(run_dir), frames_planned(cfg, plan), cfg.source, model_words(cfg), cfg.pre_workers,
+                 cfg.infer_workers, ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
         log.debug("ipc sockets in %s; shared-memory segments %s*", ipc_dir, run_tag)
         launcher = Launcher(template, collector_extra=(worker_names, runner_started_s, machine.as_dict()))
         health = Health(cfg.heartbeat_timeout_s)

@@ -1,12 +1,16 @@
-"""What the runner says of a run: the start line's frame count in words, and a frame bar that
-counts up when the run has no known length and ends on the figure the summary prints, or none."""
+"""What the runner says of a run: the start line's frame count, model and precision in words,
+and a frame bar that counts up when the run has no known length and ends on the figure the
+summary prints, or none."""
 
 import io
 from types import SimpleNamespace
 
 from supervisor.console import Console
-from supervisor.run import frames_planned
+import pytest
+
+from supervisor.run import frames_planned, model_words
 from workers.config import RunConfig
+from yolo.precision import has_native_bf16, read_cpu_flags
 
 
 def _bar_after(fps, total=8):
@@ -38,3 +42,14 @@ def test_the_start_line_says_what_the_run_will_read():
     # a --duration run plans a frame ceiling it will not reach: the line gives the time instead
     assert frames_planned(RunConfig(duration=8.0), SimpleNamespace(total=8000)) == "frames for 8 s"
     assert frames_planned(RunConfig(), SimpleNamespace(total=None)).startswith("frames until the stream ends")
+
+
+def test_the_start_line_names_the_model_precision_and_backend():
+    assert model_words(RunConfig(devices=("cpu",))) == "random-weight yolov5n in fp32 (PyTorch eager)"
+    assert model_words(RunConfig(weights="w/yolov5s.pt", devices=("cpu",))) == "yolov5s.pt in fp32 (PyTorch eager)"
+    assert model_words(RunConfig(preset="none", devices=("cpu",))) == "no model (--preset none)"
+
+
+@pytest.mark.skipif(not has_native_bf16(read_cpu_flags()), reason="this CPU has no native bf16: --half is refused")
+def test_the_start_line_says_bf16_autocast_for_half_on_a_cpu():
+    assert model_words(RunConfig(half=True, devices=("cpu",))) == "random-weight yolov5n in bf16 autocast (PyTorch eager)"
