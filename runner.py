@@ -166,7 +166,7 @@ def flag_named(message: str, flags: dict) -> str:
     return message
 
 
-def prepare(cfg):
+def prepare(cfg, download_dir: str):
     """The resolved configuration, machine, class names and frame plan; ConfigError names what is bad.
     A ``--name`` that is taken becomes name2, name3, ... unless ``--exist-ok``, as in detect.py."""
     from supervisor.prepare import check_results_dir, free_run_name, plan_source, resolve
@@ -177,10 +177,16 @@ def prepare(cfg):
         log.info("run folder %s exists: this run goes to %s (--exist-ok reuses it)",
                  os.path.join(cfg.results, cfg.name), os.path.join(cfg.results, name))
         cfg = dataclasses.replace(cfg, name=name)
-    return cfg, machine, names, plan_source(cfg)
+    return cfg, machine, names, plan_source(cfg, download_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from yolo.downloads import DownloadFolder
+    with DownloadFolder() as download_dir:  # a video URL fetched whole lives there until the run ends
+        return run_main(argv, download_dir)
+
+
+def run_main(argv: list[str] | None, download_dir: str) -> int:
     # Imported here, not at the top: a Ctrl-C during these imports is then one line (see the
     # end of this file), and spawned children that re-import this script stay light.
     from supervisor.processes import start_fork_server, stop_helper_processes
@@ -200,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = sweep_request(cfg, **sweep_flags, flags=overrides, config_path=config_path,
                               default_config=DEFAULT_CONFIG)
         start_fork_server()  # torch imports there while the rest is checked here
-        cfg, machine, names, plan = prepare(cfg)
+        cfg, machine, names, plan = prepare(cfg, download_dir)
     except (ConfigError, ValueError) as exc:
         stop_helper_processes(wait=False)
         return usage_failed(flag_named(str(exc), overrides), as_json)
@@ -213,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                     cfg.preset)
     if sweep is not None:
         try:
-            return run_sweep(dataclasses.replace(given, name=cfg.name), cfg, machine, sweep, started_s)
+            return run_sweep(dataclasses.replace(given, name=cfg.name), cfg, machine, sweep, started_s, download_dir)
         finally:
             stop_helper_processes()
     warn_oversubscription(cfg, machine.cores, machine.device_type == "cuda")

@@ -93,8 +93,9 @@ def make_sweep_dir(results: str, name: str, exist_ok: bool) -> str:
 class LiveTrials:
     """The trial function: one time-boxed pipeline run per call, in its own folder."""
 
-    def __init__(self, given: RunConfig, sweep_dir: str, trial_s: float):
+    def __init__(self, given: RunConfig, sweep_dir: str, trial_s: float, download_dir: str = ""):
         self.given, self.sweep_dir, self.trial_s = given, sweep_dir, trial_s
+        self.download_dir = download_dir  # a video URL downloaded once, for every trial
 
     def config(self, settings: Settings, index: int) -> RunConfig:
         return dataclasses.replace(self.given, **settings.as_dict(), duration=self.trial_s, frames=0,
@@ -106,7 +107,7 @@ class LiveTrials:
         from supervisor.run import UsageError, run_pipeline
         cfg, machine, names = resolve(self.config(settings, index))
         try:
-            outcome = run_pipeline(cfg, machine, names, plan_source(cfg), show_progress=False)
+            outcome = run_pipeline(cfg, machine, names, plan_source(cfg, self.download_dir), show_progress=False)
         except UsageError as exc:
             return Measurement(fps=None, exit_code=2, error=str(exc))
         if outcome.exit_code in (130, 143):
@@ -127,14 +128,14 @@ def log_trial(trial: Trial) -> None:
 
 
 def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequest,
-              started_s: float | None = None) -> int:
+              started_s: float | None = None, download_dir: str = "") -> int:
     """Run the sweep, write its files, print the table (or the JSON summary); the exit code.
     The budget runs from ``started_s`` (the runner's start, perf_counter clock)."""
     sweep_dir = make_sweep_dir(given.results, given.name, given.exist_ok)
     gpus = len(resolved.devices) if machine.device_type == "cuda" else 0
     log.info("sweep %s: %g s budget, %g s trials, from %s", sweep_dir, request.budget_s, request.trial_s,
              Settings.of(resolved).label())
-    sweep = Sweep(LiveTrials(given, sweep_dir, request.trial_s), Machine(machine.cores, gpus), request.budget_s,
+    sweep = Sweep(LiveTrials(given, sweep_dir, request.trial_s, download_dir), Machine(machine.cores, gpus), request.budget_s,
                   request.trial_s, on_trial=log_trial, started_s=started_s)
     result = sweep.run(Settings.of(resolved))
     command, config_saved, failed = None, None, {}

@@ -130,17 +130,20 @@ def free_run_name(results: str, name: str, exist_ok: bool) -> str:
 DURATION_FPS_CEILING = 1000  # a --duration run over files plans this many frames per second, looping the source
 
 
-def plan_source(cfg: RunConfig):
-    """The frame plan; with --duration over a finite source, enough looped frames to outlast it."""
+def plan_source(cfg: RunConfig, download_dir: str = ""):
+    """The frame plan; with --duration over a finite source, enough looped frames to outlast it.
+    A video URL whose server cannot seek is downloaded into ``download_dir`` (see yolo.downloads)."""
     from yolo.imageio import set_opencv_pixel_limit
     from yolo.sources import plan_frames
+    from yolo.streams import StreamOptions
     set_opencv_pixel_limit(cfg.max_pixels)  # before any stage loads OpenCV: it reads the limit at import
     frames = cfg.frames or None
+    streams = StreamOptions(download_dir=download_dir)
     try:
-        plan = plan_frames(cfg.source, frames, cfg.synthetic_count, vid_stride=cfg.vid_stride)
+        plan = plan_frames(cfg.source, frames, cfg.synthetic_count, vid_stride=cfg.vid_stride, streams=streams)
         if cfg.duration and not cfg.frames and not plan.open_ended:
             plan = plan_frames(cfg.source, math.ceil(cfg.duration * DURATION_FPS_CEILING), cfg.synthetic_count,
-                               vid_stride=cfg.vid_stride)
+                               vid_stride=cfg.vid_stride, streams=streams)
     except ValueError as exc:
         raise ConfigError(f"config source: {exc}") from None
     return plan

@@ -14,10 +14,12 @@ import torch
 from yolo.checkpoint import CheckpointError, load_model
 from yolo.detect import SEQUENTIAL_STAGES, DetectOptions, run_sequential, write_json
 from yolo.devices import resolve_device
+from yolo.downloads import DownloadFolder
 from yolo.helpformat import DefaultsHelpFormatter
 from yolo.imageio import DEFAULT_MAX_PIXELS, DECODE_MODES, DecodeOptions
 from yolo.precision import choose_precision
 from yolo.sources import plan_frames
+from yolo.streams import StreamOptions
 
 log = logging.getLogger("yolo")
 
@@ -68,6 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with DownloadFolder() as download_dir:  # a video URL fetched whole lives there until the end
+        return detect(args, download_dir)
+
+
+def detect(args: argparse.Namespace, download_dir: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         check_save_options(args)
@@ -77,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                              iou_thres=args.iou_thres, classes=tuple(args.classes) if args.classes else None,
                              agnostic=args.agnostic_nms, max_det=args.max_det)
         decode = DecodeOptions(args.decode, args.imgsz, args.max_pixels)
-        plan = plan_frames(args.source, args.frames, vid_stride=args.vid_stride)
+        plan = plan_frames(args.source, args.frames, vid_stride=args.vid_stride,
+                           streams=StreamOptions(download_dir=download_dir))
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"--threads: expected >= 1, got {args.threads}")

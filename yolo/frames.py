@@ -101,15 +101,18 @@ class FrameReadError(ValueError):
     Attributes:
         reason (str): the message, naming the file or stream and what went wrong.
         ref (FrameRef | None): the frame; set by the readers of :mod:`yolo.reader`.
+        repeat (bool): the reason was given already for an earlier frame of the same video
+            (one that was given up), so a log need not say it again.
     """
 
-    def __init__(self, reason: str, ref: FrameRef | None = None) -> None:
+    def __init__(self, reason: str, ref: FrameRef | None = None, repeat: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.ref = ref
+        self.repeat = repeat
 
     def __reduce__(self):
-        return type(self), (self.reason, self.ref)
+        return type(self), (self.reason, self.ref, self.repeat)
 
 
 class StreamError(RuntimeError):

@@ -21,6 +21,8 @@ Sources (:func:`plan_frames`):
   made of digits is always a camera; write ``./0`` for a file named ``0``.
 - a URL of :data:`yolo.streams.URL_SCHEMES`. An http(s) URL is opened once here: with a known
   frame count it is a video, read frame by frame like a file; without one it is a live stream.
+  A video from a server that does not answer Range requests is downloaded first where the
+  caller gives ``StreamOptions.download_dir`` (see :mod:`yolo.downloads`).
   Other schemes (rtsp, rtmp, ...) are live streams and are not opened here.
 
 A source that names nothing usable (a missing path, an empty directory, an unsupported or
@@ -33,8 +35,10 @@ shares: see :mod:`yolo.plans`); :class:`~yolo.reader.ShareReader` reads one work
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
+from yolo.downloads import download, probe_ranges
 from yolo.frames import FrameReadError, FrameRef
 from yolo.plans import FramePlan, SourceItem, plan_lengths
 from yolo.reader import FrameReader, ShareReader
@@ -84,9 +88,18 @@ def _video_item(location: str, name: str, vid_stride: int, options: StreamOption
 
 
 def _url_item(url: str, vid_stride: int, options: StreamOptions) -> SourceItem:
-    if url.partition("://")[0].lower() in FILE_URL_SCHEMES:
+    if url.partition("://")[0].lower() not in FILE_URL_SCHEMES:
+        return SourceItem("stream", url, url_name(url), None)
+    probe = probe_ranges(url, options.open_timeout_ms / 1000) if options.download_dir else None
+    if probe is None or not probe.must_download:
         return _video_item(url, url_name(url), vid_stride, options)
-    return SourceItem("stream", url, url_name(url), None)
+    try:
+        path = download(url, options.download_dir, probe.length, options.read_timeout_ms / 1000)
+    except OSError as exc:
+        return _broken(url, url_name(url), f"the server does not answer Range requests, so the video is downloaded "
+                                           f"first, and that failed: {exc}")
+    item = _video_item(path, url_name(url), vid_stride, options)
+    return item if item.kind != "broken" else dataclasses.replace(item, location=url)
 
 
 def _file_item(path: str, root: str, vid_stride: int, options: StreamOptions) -> SourceItem:
