@@ -11,6 +11,10 @@ import time
 
 from tqdm import tqdm
 
+from workers.config import RunConfig
+from yolo.precision import choose_precision
+from yolo.presets import MODEL_FREE
+
 ECHO_LEVELS = (" WARNING ", " ERROR ", " CRITICAL ")
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
@@ -99,3 +103,13 @@ class ConsoleHandler(logging.Handler):
             self.console.say(self.format(record))
         except Exception:  # noqa: BLE001 - logging must never raise
             self.handleError(record)
+
+
+def model_words(cfg: RunConfig) -> str:
+    """The model, its precision and the backend, as the start line says them."""
+    if cfg.preset == MODEL_FREE and not cfg.weights:
+        return "no model (--preset none)"
+    model = os.path.basename(cfg.weights) if cfg.weights else f"random-weight {cfg.preset}"
+    precision = choose_precision(cfg.devices[0] if cfg.devices else cfg.device, cfg.half)
+    autocast = " autocast" if precision == "bf16" else ""
+    return f"{model} in {precision}{autocast} (PyTorch eager)"

@@ -24,14 +24,12 @@ from dataclasses import dataclass, field
 import zmq
 
 from analysis.atomic import write_bytes_atomic
-from supervisor.console import Console, ConsoleHandler
+from supervisor.console import Console, ConsoleHandler, model_words
 from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
 from supervisor.processes import Launcher, role_of
 from supervisor.signals import EXIT_CODES, Interrupts
 from workers.config import RunConfig
-from yolo.precision import choose_precision
-from yolo.presets import MODEL_FREE
 from workers.lifecycle import (LOG_FORMAT, Endpoints, StageArgs, Wire, make_endpoints, make_ipc_dir,
                                remove_stale_ipc_dirs)
 from workers.messages import DRAIN, FINISHED, HEARTBEAT, PEER_GONE, PROGRESS, STOP, validate
@@ -213,16 +211,6 @@ def frames_planned(cfg: RunConfig, plan) -> str:
     if plan.total is None:
         return "frames until the stream ends or the run is stopped"
     return f"{plan.total} frames"
-
-
-def model_words(cfg: RunConfig) -> str:
-    """The model, its precision and the backend, as the start line says them."""
-    if cfg.preset == MODEL_FREE and not cfg.weights:
-        return "no model (--preset none)"
-    model = os.path.basename(cfg.weights) if cfg.weights else f"random-weight {cfg.preset}"
-    precision = choose_precision(cfg.devices[0] if cfg.devices else cfg.device, cfg.half)
-    autocast = " autocast" if precision == "bf16" else ""
-    return f"{model} in {precision}{autocast} (PyTorch eager)"
 
 
 def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, *, show_progress: bool = True,

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 from supervisor.console import Console
 import pytest
 
-from supervisor.run import frames_planned, model_words
+from supervisor.console import model_words
+from supervisor.run import frames_planned
 from workers.config import RunConfig
 from yolo.precision import has_native_bf16, read_cpu_flags
 
