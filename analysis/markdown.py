@@ -65,6 +65,9 @@ def frames_lines(report: dict) -> list[str]:
         lines += [f"Stopped: {stop['reason']}" + (f" (signal {stop['signal']})" if stop["signal"] else "") + ".", ""]
     if report["outputs"]["image_error"]:
         lines += [f"Saving images failed: {report['outputs']['image_error']}.", ""]
+    skipped = report["sources"].get("skipped") or []
+    if skipped:
+        lines += ["Left out of the source: " + "; ".join(skipped) + ".", ""]
     return lines
 
 

@@ -141,7 +141,8 @@ def build_report(run: RunData) -> dict:
                              if any((w.get("dropped_messages") or {}).values())},
         "sources": {"streams": run.sources.get("streams", []), "stream_errors": run.sources.get("stream_errors", []),
                     "dropped_at_source": run.sources.get("dropped_at_source", 0),
-                    "videos": run.sources.get("videos", [])},
+                    "videos": run.sources.get("videos", []), "skipped": run.sources.get("skipped", []),
+                    "skipped_files": run.sources.get("skipped_files", 0)},
         "links": link_report(run.links), "forward": run.forward, "modules": run.module_rows,
     }
     report["bottleneck"]["efficiency"] = ratio(throughput["fps"], report["bottleneck"]["bound_fps"])
@@ -272,6 +273,7 @@ def summary_of(report: dict) -> dict:
             "stop_signal": report["stop"]["signal"], "images_saved": report["outputs"]["images_saved"],
             "stream_errors": report["sources"]["stream_errors"],
             "dropped_at_source": report["sources"]["dropped_at_source"],
+            "skipped_files": report["sources"]["skipped_files"],
             "image_error": report["outputs"]["image_error"],
             "stages": {role: {"workers": s["workers"],
                               "ms_per_frame": s["ms_per_frame"]["mean"] if s["ms_per_frame"]["count"] else None,

@@ -56,6 +56,9 @@ def _source_line(summary: dict) -> str:
     dropped = summary.get("dropped_at_source") or 0
     if dropped:
         parts.append(f"{dropped} frames dropped at the source (newer frames replaced them while the pipeline was busy)")
+    skipped = summary.get("skipped_files") or 0
+    if skipped:
+        parts.append(f"{skipped} file{'s' if skipped > 1 else ''} left out: not images or videos")
     errors = summary.get("stream_errors") or []
     if errors:
         parts.append(f"{len(errors)} stream error{'s' if len(errors) > 1 else ''}: {errors[0]}")

@@ -287,3 +287,12 @@ def test_precision_and_backend_are_in_the_summary_json_and_report_md(tmp_path, p
     assert json_summary(summary)["precision"] == expected
     assert f"model       {expected}, {backend}" in format_summary(summary)
     assert f"{expected}, {backend}" in (tmp_path / "report.md").read_text()
+
+
+def test_files_left_out_of_a_folder_are_counted_in_every_output(tmp_path):
+    notes = ["7 files that are not images or videos (6 .txt, 1 .yaml) under ."]
+    summary = write_run_folder(str(tmp_path), make_run(sources={"skipped": notes, "skipped_files": 7}))
+    report = load(tmp_path, "report.json")
+    assert report["sources"]["skipped_files"] == summary["skipped_files"] == 7 and report["sources"]["skipped"] == notes
+    assert "7 files left out: not images or videos" in format_summary(summary)
+    assert f"Left out of the source: {notes[0]}." in (tmp_path / "report.md").read_text()

@@ -53,18 +53,37 @@ def test_directory_sorted_recursive_case_insensitive(image_tree):
 
 
 def test_directory_entries_are_never_skipped_silently(mixed_tree):
+    """Files that are not images or videos are left out and counted, as detect.py leaves them
+    out; a media file that cannot be read is still a failed frame."""
     plan = plan_frames(str(mixed_tree))
     by_name = {item.name: item for item in plan.items}
     assert names(plan) == sorted(by_name)
     assert by_name["nested/clip.avi"].kind == "video" and by_name["nested/clip.avi"].frames == VIDEO_FRAMES
     assert by_name["link.jpg"].kind == "broken"
     assert by_name["link.jpg"].reason == f"broken symlink -> {mixed_tree / 'gone.jpg'}"
-    assert by_name["notes.txt"].reason.startswith("unsupported file type .txt")
-    assert by_name["README"].reason == "unsupported file type (no extension)"
+    assert "notes.txt" not in by_name and "README" not in by_name
     assert not any(name.startswith(".") or "/." in name for name in by_name)
-    assert plan.skipped == ("2 hidden entries (names starting with '.') under .",)
-    assert plan.total == 4 + VIDEO_FRAMES + 3  # every broken entry is one planned (failing) frame
-    assert "hidden" in plan.summary() and "3 broken" in plan.summary()
+    assert plan.skipped == ("2 hidden entries (names starting with '.') under .",
+                            "2 files that are not images or videos (1 (no extension), 1 .txt) under .")
+    assert plan.skipped_files == 2
+    assert plan.total == 4 + VIDEO_FRAMES + 1  # the broken symlink is one planned (failing) frame
+    assert "hidden" in plan.summary() and "1 broken" in plan.summary()
+
+
+def test_a_yolo_dataset_folder_reads_its_images_only(tmp_path):
+    """A YOLO dataset root (images/, labels/*.txt, data.yaml) as --source: its images are the
+    frames, everything else is left out and counted; an image that does not decode still fails."""
+    for split in ("train", "val"):
+        (tmp_path / "images" / split).mkdir(parents=True)
+        (tmp_path / "labels" / split).mkdir(parents=True)
+        for i in range(3):
+            cv2.imwrite(str(tmp_path / "images" / split / f"{i}.jpg"), tiny_image(10 * i))
+            (tmp_path / "labels" / split / f"{i}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (tmp_path / "images" / "val" / "bad.jpg").write_text("not a jpeg")
+    (tmp_path / "data.yaml").write_text("names: [thing]\n")
+    plan = plan_frames(str(tmp_path))
+    assert plan.total == 7 and {item.kind for item in plan.items} == {"image"}  # bad.jpg fails when it is read
+    assert plan.skipped_files == 7 and "7 files that are not images or videos (6 .txt, 1 .yaml)" in plan.summary()
 
 
 def test_directory_symlink_followed_once(image_tree):

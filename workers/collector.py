@@ -243,7 +243,8 @@ def _run_data(args, collected: Collected, collector_stats, runner_started_s, fin
         for identity, count in (w.get("resent") or {}).items():
             resent[identity] = resent.get(identity, 0) + count
     restarts = [{**r, "frames_resent": resent.get(f"{r['name']}.{r['incarnation']}", 0)} for r in expected.restarts]
-    sources = _sources(workers, videos)
+    sources = {**_sources(workers, videos), "skipped": list(args.plan.skipped),
+               "skipped_files": args.plan.skipped_files}
     for w in workers:
         if isinstance(w.get("exit_usage"), dict):
             sampler.add_exit_usage(w["name"], w["pid"], w["exit_usage"])

@@ -109,7 +109,8 @@ class FramePlan:
         vid_stride (int): every ``vid_stride``-th frame of videos and live streams is read.
         root (str): names of file frames are relative to this directory; ``''`` otherwise.
         skipped (tuple[str, ...]): what was left out on purpose (hidden entries, directories
-            reached twice), for the run's log.
+            reached twice, files that are not images or videos), for the run's log.
+        skipped_files (int): files of a directory left out for not being images or videos.
     """
 
     source: str
@@ -119,6 +120,7 @@ class FramePlan:
     vid_stride: int = 1
     root: str = ""
     skipped: tuple[str, ...] = ()
+    skipped_files: int = 0
 
     @property
     def open_ended(self) -> bool:
