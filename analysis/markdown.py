@@ -65,6 +65,12 @@ def frames_lines(report: dict) -> list[str]:
         lines += [f"Stopped: {stop['reason']}" + (f" (signal {stop['signal']})" if stop["signal"] else "") + ".", ""]
     if report["outputs"]["image_error"]:
         lines += [f"Saving images failed: {report['outputs']['image_error']}.", ""]
+    videos = report["sources"].get("videos") or []
+    if videos:
+        lines += ["Annotated videos: " + "; ".join(f"[{v['video']}]({v['video']}), {v['frames']} frames at "
+                                                   f"{v['fps']:g} fps" + (f", {v['missing']} missing" if v["missing"]
+                                                                         else "") for v in videos)
+                  + f". Images saved: {report['outputs']['images_saved']}.", ""]
     skipped = report["sources"].get("skipped") or []
     if skipped:
         lines += ["Left out of the source: " + "; ".join(skipped) + ".", ""]

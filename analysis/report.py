@@ -271,6 +271,8 @@ def summary_of(report: dict) -> dict:
             "precision": report["inference"]["precision"], "backend": report["inference"]["backend"],
             "restarts": len(report["restarts"]), "stop_reason": report["stop"]["reason"],
             "stop_signal": report["stop"]["signal"], "images_saved": report["outputs"]["images_saved"],
+            "videos_saved": [v["video"] for v in report["sources"]["videos"]],
+            "video_frames_saved": sum(v["frames"] for v in report["sources"]["videos"]),
             "stream_errors": report["sources"]["stream_errors"],
             "dropped_at_source": report["sources"]["dropped_at_source"],
             "skipped_files": report["sources"]["skipped_files"],

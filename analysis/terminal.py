@@ -43,7 +43,9 @@ def format_summary(summary: dict, report: dict | None = None) -> str:
         lines.append(f"bottleneck  {ROLE_NAMES[summary['bottleneck']]} ({summary['limit']})"
                      + (f": {summary['hint']}" if summary["hint"] else ""))
     if summary.get("run_dir"):
-        lines.append(f"run folder  {summary['run_dir']}")
+        videos = summary.get("videos_saved") or []
+        saved = f" ({summary.get('images_saved') or 0} images, annotated {', '.join(videos)})" if videos else ""
+        lines.append(f"run folder  {summary['run_dir']}{saved}")
     failed = (summary.get("files") or {}).get("failed")
     if failed:
         lines.append(f"NOT WRITTEN {', '.join(failed)}: {next(iter(failed.values()))}")

@@ -154,13 +154,13 @@ def make_run_dir(results: str, name: str = "", exist_ok: bool = False) -> str:
         path = os.path.join(results, name)
         if exist_ok and os.path.isdir(path):
             clear_run_outputs(path)
-        os.makedirs(os.path.join(path, "images"), exist_ok=exist_ok)
+        os.makedirs(path, exist_ok=exist_ok)  # images/, videos/, labels/ are made when something goes there
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_id, n = stamp, 1
     while True:
         try:
-            os.makedirs(os.path.join(results, run_id, "images"))
+            os.makedirs(os.path.join(results, run_id))
             break
         except FileExistsError:
             n += 1

@@ -427,7 +427,8 @@ def _add_runner_drops(run_dir: str, counts: dict) -> None:
 
 
 def _remove_empty_run_dir(run_dir: str) -> None:
-    """A run stopped before it wrote anything leaves no folder behind (its log aside, nothing)."""
-    images = os.path.join(run_dir, "images")
-    if os.path.isdir(images) and not os.listdir(images):
+    """A run stopped before it wrote anything leaves no folder behind: one that holds its log
+    and empty output folders only (a folder with anything else, e.g. reused by --exist-ok, stays)."""
+    entries = [os.path.join(run_dir, e) for e in os.listdir(run_dir) if e != "run.log"]
+    if all(os.path.isdir(e) and not os.path.islink(e) and not os.listdir(e) for e in entries):
         shutil.rmtree(run_dir, ignore_errors=True)

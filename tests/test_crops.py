@@ -39,4 +39,4 @@ def test_crops_are_numbered_per_class_as_detect_py_numbers_them():
     names = ["person", "bicycle", "car"]
     assert crop_paths("bus.jpg", [0, 0, 2, 0, 7], names) == [
         "crops/person/bus.jpg", "crops/person/bus2.jpg", "crops/car/bus.jpg", "crops/person/bus3.jpg", "crops/7/bus.jpg"]
-    assert crop_paths("clip.mp4:000004", [1], names) == ["crops/bicycle/clip_5.jpg"]  # video frames counted from 1
+    assert crop_paths("clip.mp4:000005", [1], names) == ["crops/bicycle/clip_5.jpg"]  # video frames counted from 1

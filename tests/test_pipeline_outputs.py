@@ -66,7 +66,10 @@ def test_a_video_source_gives_an_annotated_video(tmp_path, stride):
     report = load(run_dir, "report.json")
     assert report["sources"]["videos"] == [{"video": "videos/clip.mp4", "frames": CLIP_FRAMES // stride,
                                             "missing": 0, "fps": pytest.approx(CLIP_FPS / stride)}]
-    assert not list((run_dir / "images").rglob("*.jpg"))  # a video's frames go into its video, not images/
+    assert not (run_dir / "images").exists()  # a video's frames go into its video, not images/
+    assert report["summary"]["videos_saved"] == ["videos/clip.mp4"]
+    assert report["summary"]["video_frames_saved"] == CLIP_FRAMES // stride
+    assert "Annotated videos: [videos/clip.mp4](videos/clip.mp4)" in (run_dir / "report.md").read_text()
 
 
 def test_predictions_json_is_evaluated_by_pycocotools(fixtures_dir, tmp_path):
@@ -168,7 +171,7 @@ def test_named_runs_and_the_json_summary(tmp_path):
     reused = subprocess.run(cmd + ["--exist-ok", "--save-images", "none"], cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert reused.returncode == 0 and json.loads(reused.stdout)["run_dir"].endswith("first")
-    assert os.listdir(results / "first" / "images") == [] and (results / "first" / "notes.txt").is_file()
+    assert not (results / "first" / "images").exists() and (results / "first" / "notes.txt").is_file()
 
 
 def test_crops_and_label_options_of_detect_py(tmp_path, fixtures_dir):

@@ -114,7 +114,7 @@ def test_single_files(image_tree, tmp_path):
     item = plan.items[0]
     assert (item.kind, item.frames, plan.total) == ("video", VIDEO_FRAMES, VIDEO_FRAMES)
     assert (item.video.width, item.video.height, item.video.fps, item.video.frames) == (64, 48, 10.0, VIDEO_FRAMES)
-    assert plan.ref(3).name == "clip.mp4:000003" and plan.ref(3).source_index == 3
+    assert plan.ref(3).name == "clip.mp4:000004" and plan.ref(3).source_index == 3  # named from 1
 
 
 def test_unicode_path(tmp_path):
@@ -170,7 +170,7 @@ def test_vid_stride(tmp_path):
     assert plan.total == 3  # frames 0, 5, 10
     assert [plan.ref(i).source_index for i in range(3)] == [0, 5, 10]
     assert [plan.ref(i).index for i in range(3)] == [0, 1, 2]
-    assert plan.ref(2).name == "clip.avi:000010"
+    assert plan.ref(2).name == "clip.avi:000011"
     assert plan.items[0].video.fps == 2.0 and plan.items[0].video.source_fps == 10.0
     assert plan_frames(str(video), vid_stride=VIDEO_FRAMES).total == 1
     with pytest.raises(ValueError, match="vid_stride"):
@@ -224,7 +224,7 @@ def test_camera_and_rtsp_sources_plan_without_opening():
     assert plan.open_ended and plan.pass_len == 0
     plan = plan_frames("rtsp://cam.local/ch1", frames=50)
     assert (plan.total, plan.lengths) == (50, (50,))
-    assert plan.ref(49).name == "cam.local/ch1:000049" and plan.ref(49).kind == "stream"
+    assert plan.ref(49).name == "cam.local/ch1:000050" and plan.ref(49).kind == "stream"
 
 
 def test_live_streams_share_frames(image_tree):

@@ -50,7 +50,7 @@ def test_url_video_reads_every_frame_like_the_file(clip):
     file_frames = read_all(plan_frames(str(clip)))
     assert len(frames) == len(file_frames) == CLIP_FRAMES
     assert [grey_level(f.image) for f in frames] == [grey_level(f.image) for f in file_frames]
-    assert frames[0].video.frames == CLIP_FRAMES and frames[0].ref.name.endswith("/files/clip.avi:000000")
+    assert frames[0].video.frames == CLIP_FRAMES and frames[0].ref.name.endswith("/files/clip.avi:000001")
 
 
 @pytest.mark.parametrize("mode", ["cut", "stall"])

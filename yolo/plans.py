@@ -165,11 +165,13 @@ class FramePlan:
         the live frames they read."""
         source = self.items[item]
         name = source.name
+        # A video's or stream's frame is named with its number counted from 1, as detect.py
+        # numbers them (labels/clip_1.txt): one numbering in every output file.
         if source.kind == "video":
             source_index = index * self.vid_stride
-            name = f"{source.name}:{source_index:06d}"
+            name = f"{source.name}:{source_index + 1:06d}"
         elif source.kind == "stream":
-            name = f"{source.name}:{index:06d}"
+            name = f"{source.name}:{index + 1:06d}"
         elif source.kind == "synthetic":
             source_index = item
         else:

@@ -58,7 +58,7 @@ GLOB_CHARS = frozenset("*?[")
 
 def split_video_frame(name: str) -> tuple[str, int] | None:
     """``"clip.mp4:000017"`` (a video frame's name, see :meth:`FramePlan.ref`) -> ``("clip.mp4", 17)``,
-    the frame's 0-based index in the video; None for any other frame name."""
+    the frame's number in the video counted from 1; None for any other frame name."""
     video, sep, index = name.rpartition(":")
     if not (sep and video and index.isascii() and index.isdigit()):
         return None
