@@ -17,7 +17,7 @@ import os
 from typing import Any, Callable
 
 from analysis.atomic import write_bytes_atomic
-from analysis.bottleneck import diagnose
+from analysis.bottleneck import diagnose, too_little_to_judge
 from analysis.markdown import markdown
 from analysis.plots import render_plots
 from analysis.resources import resource_report
@@ -135,7 +135,9 @@ def build_report(run: RunData) -> dict:
         "stage_latency_ms": {name: interval_ms(measured, t0, t1) for name, (t0, t1) in STAGE_INTERVALS.items()},
         "stages": stages, "cpu": cpu, "inference": inference_of(stages, run.config, run.environment),
         "bottleneck": diagnose(stages, cpu, run.config, machine, measured=throughput["fps"] is not None,
-                               live_source=bool(run.sources.get("streams"))),
+                               live_source=bool(run.sources.get("streams")),
+                               too_little=too_little_to_judge(throughput["measured_frames"], throughput["window_s"],
+                                                              throughput["fps"])),
         "resources": usage, "restarts": [{**r, "at_s": r["t_s"] - run.started_s} for r in run.restarts],
         "dropped_messages": {process_label(w): w["dropped_messages"] for w in run.workers
                              if any((w.get("dropped_messages") or {}).values())},
