@@ -203,6 +203,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
     try:
         given = cfg = build_config(read_toml(config_path), overrides)
         logging.getLogger().setLevel(cfg.log_level.upper())
+        say_plan(cfg)
         sweep = sweep_request(cfg, **sweep_flags, flags=overrides, config_path=config_path,
                               default_config=DEFAULT_CONFIG)
         start_fork_server()  # torch imports there while the rest is checked here
@@ -231,6 +232,14 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
         stop_helper_processes()
     print_outcome(outcome, cfg.json)
     return outcome.exit_code
+
+
+def say_plan(cfg) -> None:
+    """The run's plan at once, before the seconds of checking weights and source (torch loads)."""
+    model = cfg.weights or ("no model" if cfg.preset == "none" else f"a random-weight {cfg.preset}")
+    log.info("%s: %s on %s with %s%s; checking the weights and the source...",
+             f"run {cfg.name}" if cfg.name else "run", cfg.source, cfg.device, model,
+             f", batch {cfg.batch_size}" if cfg.batch_size > 1 else "")
 
 
 def usage_failed(message: str, as_json: bool) -> int:

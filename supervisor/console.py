@@ -48,7 +48,9 @@ class Console:
             self._first_done_s, self._first_done = now, done
         self.bar.update(done - self.bar.n)
         rate = (done - self._first_done) / (now - self._first_done_s) if self._first_done_s and now > self._first_done_s else 0.0
-        self.bar.set_postfix_str(f"{rate:.1f} fps, failed {failed}", refresh=False)
+        # the time left at the pipeline's own rate since its first frame (start-up left out)
+        eta = f", ETA {tqdm.format_interval((self.total - done) / rate)}" if self.total and rate > 0 else ""
+        self.bar.set_postfix_str(f"{rate:.1f} fps{eta}, failed {failed}", refresh=False)
 
     def finish(self, fps: float | None) -> None:
         """Close the bar showing the run's measured fps, the figure the summary gives."""

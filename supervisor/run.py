@@ -261,7 +261,8 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         launcher = Launcher(template, collector_extra=(worker_names, runner_started_s, machine.as_dict()))
         health = Health(cfg.heartbeat_timeout_s)
         watch = Watch(cfg, launcher, health, control_out, token, interrupts, console)
-        console.say(f"starting {len(worker_names) + 1} processes...")
+        console.say(f"starting {len(worker_names) + 1} processes (inference loads the model; the bar starts with "
+                    "the first frame)...")
         launcher.warm_up()
         for name in ["collector"] + worker_names[::-1]:  # consumers first, so producers find them
             if interrupts.count:
@@ -427,8 +428,7 @@ def _add_runner_drops(run_dir: str, counts: dict) -> None:
 
 
 def _remove_empty_run_dir(run_dir: str) -> None:
-    """A run stopped before it wrote anything leaves no folder behind: one that holds its log
-    and empty output folders only (a folder with anything else, e.g. reused by --exist-ok, stays)."""
+    """A run stopped before it wrote anything (its log, empty folders) leaves no folder behind."""
     entries = [os.path.join(run_dir, e) for e in os.listdir(run_dir) if e != "run.log"]
     if all(os.path.isdir(e) and not os.path.islink(e) and not os.listdir(e) for e in entries):
         shutil.rmtree(run_dir, ignore_errors=True)

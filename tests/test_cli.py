@@ -98,3 +98,9 @@ def test_json_on_a_usage_error_prints_an_error_object(flags, error):
 def test_a_bad_line_thickness_is_named():
     with pytest.raises(ConfigError, match="config line_thickness: expected 0 .* got -1"):
         RunConfig(line_thickness=-1)
+
+
+def test_the_plan_is_said_before_the_checks_that_take_seconds(caplog):
+    assert runner.main(["--source", "/no/such/dir", "--batch-size", "2", "--no-progress"]) == 2
+    said = caplog.text.index("run: /no/such/dir on cpu with a random-weight yolov5n, batch 2; checking the weights")
+    assert said < caplog.text.index("error: --source")

@@ -3,6 +3,7 @@ and a frame bar that counts up when the run has no known length and ends on the 
 summary prints, or none."""
 
 import io
+import time
 from types import SimpleNamespace
 
 from supervisor.console import Console
@@ -31,6 +32,18 @@ def test_the_bar_ends_on_the_measured_fps():
 def test_without_measured_frames_the_bar_gives_no_rate():
     last = _bar_after(None)
     assert "fps n/a" in last and "measured" not in last and "failed" not in last, last
+
+
+def test_a_finite_run_shows_the_time_left_and_a_count_up_run_does_not():
+    for total, shown in ((100, True), (None, False)):
+        stream = io.StringIO()
+        console = Console(show_progress=True, total=total, log_path="/nonexistent/run.log", stream=stream)
+        console.progress(processed=1, failed=0)
+        time.sleep(0.01)  # a rate needs time to pass; its value does not matter here
+        console.progress(processed=2, failed=0)
+        console.bar.refresh()
+        assert ("ETA " in stream.getvalue().split("\r")[-1]) is shown, stream.getvalue()
+        console.finish(None)
 
 
 def test_a_run_without_a_known_length_counts_up():
