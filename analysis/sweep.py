@@ -21,14 +21,14 @@ is left, budget left over goes to rematches: settings whose mean fps is within 1
 incumbent's are measured again right after it (at most four trials each), and one that now
 beats it by the threshold in the mean and in most back-to-back pairs takes over (the search
 then goes on from it). The search stops when nothing is left to measure or the next trial would
-not fit in the budget; then, budget allowing, the defaults and the best are measured once
-more, back to back. The best is the
-incumbent unless its mean fps fell below the defaults', so it is never slower than the
-defaults as this sweep measured them."""
+not fit in the budget. The budget of every step keeps room for a final check: the defaults and
+the best measured once more, back to back, before the best is named. The best is the incumbent
+unless its mean fps fell below the defaults', or it was the slower of the two in that final
+check (a winner from noise); so it is never slower than the defaults as this sweep measured
+them. A sweep none of whose trials was stable says so (``SweepResult.stable_trials``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 import time
@@ -47,6 +47,7 @@ MAX_TRIALS_PER_SETTINGS = 4  # ... until they have had this many trials
 FIRST_TRIAL_EXTRA_S = 8.0  # the first trial also imports torch in the fork server
 TRIAL_OVERHEAD_S = 5.0  # process start-up and the final report of a trial, before any was timed
 WRAP_UP_S = 2.0  # kept free at the end of the budget: sweep.csv, sweep.json, sweep.png
+FINAL_CHECK_TRIALS = 2  # the defaults and the best once more, back to back: budgeted before any other step
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,12 @@ class SweepResult:
     budget_s: float
     threshold: float = GAIN_THRESHOLD
     interrupted: int = 0  # the exit code of an interrupt (130, 143) that ended the sweep; 0 when none
+    final_ratio: float | None = None  # fps of the incumbent / the defaults' in the final check; None: none ran
+    unconfirmed: Settings | None = None  # the incumbent the final check did not confirm (best fell back)
+
+    @property
+    def stable_trials(self) -> int:
+        return sum(1 for t in self.trials if t.measurement.stable)
 
     @property
     def best_fps(self) -> float | None:
@@ -179,8 +186,11 @@ class Sweep:
         timed = [t.cost_s for t in self.trials[1:]][-3:] or [t.cost_s for t in self.trials]
         return max(timed) if timed else self.trial_s + TRIAL_OVERHEAD_S + FIRST_TRIAL_EXTRA_S
 
-    def fits(self, trials: int) -> bool:
-        return self.elapsed_s() + trials * self.trial_cost_estimate_s() + WRAP_UP_S <= self.budget_s
+    def fits(self, trials: int, final_check: bool = True) -> bool:
+        """Whether ``trials`` more fit in the budget, with the final check's trials kept free
+        (``final_check=False`` when they are what is asked for)."""
+        reserved = FINAL_CHECK_TRIALS if final_check else 0
+        return self.elapsed_s() + (trials + reserved) * self.trial_cost_estimate_s() + WRAP_UP_S <= self.budget_s
 
     # -- trials ---------------------------------------------------------------------------------
     def run_trial(self, settings: Settings, purpose: str, reason: str) -> Trial:
@@ -212,9 +222,14 @@ class Sweep:
             return self._result(defaults, self._best(defaults), "interrupted by Ctrl-C", interrupted=130)
         if stopped is None:
             return self._result(defaults, None, f"the defaults trial measured nothing ({self.trials[0].verdict})")
-        if self.incumbent != defaults:
-            self._final_check(defaults, self.incumbent)
-        return self._result(defaults, self._best(defaults), stopped)
+        final_ratio = self._final_check(defaults, self.incumbent) if self.incumbent != defaults else None
+        best = self._best(defaults)
+        unconfirmed = None
+        if best != defaults and final_ratio is not None and final_ratio <= 1.0:
+            best, unconfirmed = defaults, self.incumbent  # slower than the defaults when measured beside them
+        result = self._result(defaults, best, stopped)
+        result.final_ratio, result.unconfirmed = final_ratio, unconfirmed
+        return result
 
     def _search(self, defaults: Settings) -> str | None:
         """Why the search stopped; None when the defaults trial measured nothing."""
@@ -314,14 +329,24 @@ class Sweep:
         rivals = [(fps, s) for fps, s in rivals if fps >= best * (1 - REMATCH_WITHIN)]
         return max(rivals)[1] if rivals else None
 
-    def _final_check(self, defaults: Settings, best: Settings) -> None:
-        if not self.fits(2):
-            return
+    def _final_check(self, defaults: Settings, best: Settings) -> float | None:
+        """Measure the defaults, then ``best``, back to back; fps of best / defaults, or None when
+        either measured nothing or the budget was spent after all (a trial took longer than the
+        estimate)."""
+        if not self.fits(FINAL_CHECK_TRIALS, final_check=False):
+            return None
+        fps = []
         for settings, what in ((defaults, "the defaults"), (best, "the best")):
             trial = self.run_trial(settings, "final check", f"{what} once more, back to back")
             if trial.fps is not None:
                 trial.verdict = "re-measured"
+            fps.append(trial.fps)
+            if settings == best and None not in fps:
+                ratio = fps[1] / fps[0]
+                trial.verdict = (f"{100 * (ratio - 1):+.1f} % over the defaults back to back: "
+                                 + ("confirmed" if ratio > 1 else "NOT confirmed, the defaults stay best"))
             self.report(trial)
+        return fps[1] / fps[0] if None not in fps else None
 
     def _latest(self, settings: Settings) -> Trial:
         return next(t for t in reversed(self.trials) if t.settings == settings and t.fps is not None)

@@ -18,11 +18,11 @@ MAX_BATCH_CPU = 16
 MAX_BATCH_CUDA = 64
 MAX_INFER_WORKERS_PER_GPU = 4
 
-SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size")
+SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size", "half")
 FLAGS = {"pre_workers": "--pre-workers", "infer_workers": "--infer-workers", "post_workers": "--post-workers",
-         "infer_threads": "--infer-threads", "batch_size": "--batch-size"}
+         "infer_threads": "--infer-threads", "batch_size": "--batch-size", "half": "--half"}
 SHORT_NAMES = {"pre_workers": "pre", "infer_workers": "infer", "post_workers": "post", "infer_threads": "threads",
-               "batch_size": "batch"}
+               "batch_size": "batch", "half": "half"}
 
 
 @dataclass(frozen=True, order=True)
@@ -34,6 +34,7 @@ class Settings:
     post_workers: int
     infer_threads: int
     batch_size: int
+    half: bool = False  # fp16 on CUDA, bf16 on a CPU that computes it natively
 
     @classmethod
     def of(cls, cfg) -> Settings:
@@ -44,17 +45,21 @@ class Settings:
         return dataclasses.asdict(self)
 
     def flags(self) -> list[str]:
-        return [token for name in SWEPT for token in (FLAGS[name], str(getattr(self, name)))]
+        return [token for name in SWEPT if name != "half" for token in (FLAGS[name], str(getattr(self, name)))] \
+            + (["--half"] if self.half else [])
 
     def label(self) -> str:
-        """"2/2x1/2 b1": pre / infer workers x threads / post, batch size."""
+        """"2/2x1/2 b1": pre / infer workers x threads / post, batch size; " half" with --half."""
         return (f"{self.pre_workers}/{self.infer_workers}x{self.infer_threads}/{self.post_workers} "
-                f"b{self.batch_size}")
+                f"b{self.batch_size}" + (" half" if self.half else ""))
 
     def change_from(self, other: Settings) -> str:
-        """What differs from ``other``: "batch 1->2, pre 2->1"; "" when nothing does."""
-        return ", ".join(f"{SHORT_NAMES[n]} {getattr(other, n)}->{getattr(self, n)}" for n in SWEPT
-                         if getattr(self, n) != getattr(other, n))
+        """What differs from ``other``: "batch 1->2, pre 2->1", "+half"; "" when nothing does."""
+        def one(n: str) -> str:
+            if n == "half":
+                return "+half" if self.half else "-half"
+            return f"{SHORT_NAMES[n]} {getattr(other, n)}->{getattr(self, n)}"
+        return ", ".join(one(n) for n in SWEPT if getattr(self, n) != getattr(other, n))
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class Machine:
 
     cores: int
     gpus: int = 0
+    bf16: bool = False  # the CPU computes bfloat16 natively (avx512_bf16 or amx_bf16)
 
     @property
     def on_cuda(self) -> bool:
@@ -117,6 +123,15 @@ def _shrink(s: Settings, name: str, reason: str) -> Move | None:
     return _move(s, name, -1, reason) if getattr(s, name) > 1 else None
 
 
+def _half(s: Settings, machine: Machine, why: str) -> Move | None:
+    """--half where it is native: fp16 on a GPU, bf16 on a CPU that has it (never emulated)."""
+    if s.half or not (machine.on_cuda or machine.bf16):
+        return None
+    what = "fp16 forwards" if machine.on_cuda else "bf16 forwards, native on this CPU"
+    return Move(("half", +1), dataclasses.replace(s, half=True),
+                f"{why}: {what}, less inference time per frame (detections change slightly)")
+
+
 def _worker_field(role: str) -> str:
     return f"{role}_workers"
 
@@ -130,6 +145,7 @@ def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move 
         if count > machine.cores:
             moves.append(_shrink(s, _worker_field(role), f"cores saturated and {count} {_stage_name(role)} "
                                                          f"processes/threads on {machine.cores} cores"))
+    moves.append(_half(s, machine, "cores saturated"))
     moves.append(_grow(s, "batch_size", machine, "cores saturated: fewer forwards and messages per frame"))
     idle = sorted((r for r in ROLES if r != m.bottleneck and _util(m, r) < IDLE_UTILISATION), key=lambda r: _util(m, r))
     for role in idle:
@@ -150,9 +166,9 @@ def stage_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | No
     if role != "infer":
         return [_grow(s, _worker_field(role), machine, why)]
     if machine.on_cuda:
-        return [_grow(s, "batch_size", machine, why + ": fuller GPU forwards"),
+        return [_grow(s, "batch_size", machine, why + ": fuller GPU forwards"), _half(s, machine, why),
                 _grow(s, "infer_workers", machine, why)]
-    return [_grow(s, "infer_workers", machine, why), _grow(s, "infer_threads", machine, why),
+    return [_grow(s, "infer_workers", machine, why), _half(s, machine, why), _grow(s, "infer_threads", machine, why),
             _grow(s, "batch_size", machine, why + ": fewer forwards per frame")]
 
 

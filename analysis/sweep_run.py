@@ -135,8 +135,9 @@ def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequ
     gpus = len(resolved.devices) if machine.device_type == "cuda" else 0
     log.info("sweep %s: %g s budget, %g s trials, from %s", sweep_dir, request.budget_s, request.trial_s,
              Settings.of(resolved).label())
-    sweep = Sweep(LiveTrials(given, sweep_dir, request.trial_s, download_dir), Machine(machine.cores, gpus), request.budget_s,
-                  request.trial_s, on_trial=log_trial, started_s=started_s)
+    trials = LiveTrials(given, sweep_dir, request.trial_s, download_dir)
+    sweep = Sweep(trials, Machine(machine.cores, gpus, bf16=machine.bf16), request.budget_s, request.trial_s,
+                  on_trial=log_trial, started_s=started_s)
     result = sweep.run(Settings.of(resolved))
     command, config_saved, failed = None, None, {}
     if result.best is not None:
