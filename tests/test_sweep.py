@@ -19,7 +19,7 @@ import pytest
 from analysis.sweep import (GAIN_THRESHOLD, Machine, Measurement, Settings, Sweep, SweepInterrupted, mean_fps,
                             propose)
 from analysis.sweep_output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
-from analysis.sweep_plot import sweep_png
+from analysis.sweep_plot import settings_rows, sweep_png
 from workers.config import build_config, config_toml, read_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -378,3 +378,22 @@ def test_sweep_flags_are_checked_before_anything_starts(flags, message, caplog):
     from runner import main
     assert main(flags) == 2
     assert message in caplog.text
+
+
+def test_sweep_png_marks_a_faster_looking_setting_that_was_not_chosen():
+    """Batch 8 lucky once (+30 %) then slow: its mean beats the best's, it is not chosen; its bar
+    is marked not confirmed and the best's row is on top."""
+    pipeline = FakePipeline()
+    calls: dict = {}
+
+    def lucky_once(s: Settings, index: int) -> Measurement:
+        calls[s] = calls.get(s, 0) + 1
+        pipeline.clock.now += pipeline.trial_cost_s
+        luck = (1.3 if calls[s] == 1 else 0.9) if s.batch_size == 8 else 1.0
+        return pipeline.measurement(s, pipeline.fps(s)[0] * luck)
+
+    result = Sweep(lucky_once, Machine(cores=2), 600.0, 8.0, clock=pipeline.clock).run(DEFAULTS_2_CORES)
+    rows = settings_rows(result)
+    assert rows[-1][0] == result.best and not rows[-1][2]
+    assert 8 in [s.batch_size for s, _, hatched in rows if hatched]  # as are the +2 % ones under the threshold
+    assert sweep_png(result).startswith(PNG_SIGNATURE)
