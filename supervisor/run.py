@@ -261,8 +261,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         launcher = Launcher(template, collector_extra=(worker_names, runner_started_s, machine.as_dict()))
         health = Health(cfg.heartbeat_timeout_s)
         watch = Watch(cfg, launcher, health, control_out, token, interrupts, console)
-        console.say(f"starting {len(worker_names) + 1} processes (inference loads the model; the bar starts with "
-                    "the first frame)...")
+        console.say(f"starting {len(worker_names) + 1} processes (inference loads the model first)...")
         launcher.warm_up()
         for name in ["collector"] + worker_names[::-1]:  # consumers first, so producers find them
             if interrupts.count:
