@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import logging
 import os
 import shutil
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 CHUNK_BYTES = 1 << 20
 FREE_SPACE_MARGIN_BYTES = 256 << 20  # left free on the temporary folder's disk after a download
@@ -46,6 +43,8 @@ class RangeProbe:
 def probe_ranges(url: str, timeout_s: float) -> RangeProbe | None:
     """Ask for the first byte of ``url``; None when the request fails (FFmpeg then tries the URL
     itself and says what is wrong)."""
+    import http.client  # here, not at the top: every run imports this module, few fetch anything
+    import urllib.request
     request = urllib.request.Request(url, headers={"Range": "bytes=0-0"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -60,6 +59,9 @@ def download(url: str, folder: str, length: int, timeout_s: float) -> str:
     """``url`` saved whole in ``folder`` (made 0700 if needed) under a name from the URL; a URL
     downloaded before into the same folder is not fetched again. Raises OSError naming what
     failed: a short or broken transfer, or too little free space for ``length`` bytes."""
+    import http.client
+    import urllib.request
+    from urllib.parse import urlsplit
     os.makedirs(folder, mode=0o700, exist_ok=True)
     suffix = os.path.splitext(urlsplit(url).path)[1][:8]
     path = os.path.join(folder, hashlib.sha256(url.encode()).hexdigest()[:16] + suffix)
