@@ -427,7 +427,7 @@ def _add_runner_drops(run_dir: str, counts: dict) -> None:
 
 
 def _remove_empty_run_dir(run_dir: str) -> None:
-    """A run stopped before it wrote anything (its log, empty folders) leaves no folder behind."""
-    entries = [os.path.join(run_dir, e) for e in os.listdir(run_dir) if e != "run.log"]
+    """A run stopped before it wrote anything (a log, empty folders, .partial files) leaves no folder."""
+    entries = [os.path.join(run_dir, e) for e in os.listdir(run_dir) if e != "run.log" and not e.endswith(".partial")]
     if all(os.path.isdir(e) and not os.path.islink(e) and not os.listdir(e) for e in entries):
         shutil.rmtree(run_dir, ignore_errors=True)
