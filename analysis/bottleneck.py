@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from analysis.stages import ROLE_NAMES, ROLES
 from analysis.stats import ratio
+from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
 
 CORES_SATURATED = 0.90  # CPU used / (cores x window) from which the cores are the limit
 STAGE_BUSY = 0.75  # below this, no stage limits: too few frames in flight, or the source
@@ -26,6 +27,9 @@ MIN_IMGSZ = 320
 IMGSZ_STEP = 32
 SMALLER_IMGSZ = 0.75  # the --imgsz proposed: this fraction of today's, to a multiple of 32
 SAVE_EVERY = 10  # the every-N-th alternative proposed to --save-images none
+MIN_JUDGED_FRAMES = 10  # fewer measured frames than this give no lever: their busy times are noise
+MIN_JUDGED_S = THROUGHPUT_WINDOW_S  # nor does a measured window shorter than one throughput window
+ADVISED_RUN_S = (STABLE_WINDOWS + 1) * THROUGHPUT_WINDOW_S  # long enough to judge stability as well
 
 
 def pipeline_bound(capacities: dict[str, float | None], cores: int | None,
@@ -205,13 +209,25 @@ def waits_on_a_live_source(stages: dict) -> bool:
             and pre["cpu_utilisation"] < SOURCE_WAIT_CPU_SHARE * pre["utilisation"])
 
 
+def too_little_to_judge(measured_frames: int, window_s: float | None, fps: float | None) -> str | None:
+    """Why a measured window is too small to name levers from, with how long to run instead;
+    None when it is enough."""
+    if measured_frames >= MIN_JUDGED_FRAMES and (window_s or 0.0) >= MIN_JUDGED_S:
+        return None
+    frames = f"--frames {max(MIN_JUDGED_FRAMES, round(fps * ADVISED_RUN_S))} or " if fps else ""
+    return (f"{measured_frames} measured frames over {window_s or 0.0:.1f} s are too few to tell what limits the "
+            f"run; run longer ({frames}--duration {ADVISED_RUN_S:g}) before changing settings")
+
+
 def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: bool = True,
-             live_source: bool = False) -> dict:
+             live_source: bool = False, too_little: str | None = None) -> dict:
     """{"stage", "limit", "evidence", "hint", "levers", "cpu_shares", **pipeline_bound}: which
     stage limits and what limits the pipeline ("cores", "stage" or "flow": no stage busy;
     "source": a live stream delivers frames no faster; "unmeasured" when no frame was measured),
     the queue states that show it, and the levers that fit, ranked by ``_ranked``; ``hint`` is
-    the first lever, or what sets the bound when no lever fits."""
+    the first lever, or what sets the bound when no lever fits. With ``too_little`` (see
+    :func:`too_little_to_judge`) the limit is still named, but no lever: the hint says how long
+    to run instead."""
     device_type = machine.get("device_type", "cpu")
     levers = Levers(stages, cpu.get("cores"), cpu.get("cpu_ms_per_frame"))
     shares = cpu_shares(cpu.get("by_role", {}), cpu.get("cpu_ms_per_frame"))
@@ -257,6 +273,8 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
         candidates = [{"flag": "--prefetch", "text": f"raise --prefetch (now {config.get('prefetch', '?')}) "
                                                      "to keep more frames in flight", "bound_fps_after": None}]
     chosen = _ranked([c for c in candidates if c is not None])
+    if too_little:
+        return {**result, "limit": limit, "evidence": evidence, "levers": [], "hint": too_little}
     hint = chosen[0]["text"] if chosen else ""
     if not chosen and levers.now["bound_fps"]:
         hint = (f"no change to {ROLE_NAMES[role]} alone would raise the bound ({levers.now['bound_fps']:.1f} fps, "

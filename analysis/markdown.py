@@ -48,8 +48,10 @@ def config_line(report: dict) -> str:
         roles.append(f"{stage['workers']} {role}{shown}")  # no torch in a stage, no torch threads to show
     letterbox = "rect" if cfg.get("rect") else "square"
     machine = report["machine"]
+    inference = report.get("inference") or {}
+    model = f"{inference['precision']}, {inference['backend']}; " if inference else ""
     return (f"Device {cfg.get('device')} ({machine['cores']} cores); {', '.join(roles)}; batch {cfg.get('batch_size')}; "
-            f"imgsz {cfg.get('imgsz')} {letterbox}; {weights}.")
+            f"imgsz {cfg.get('imgsz')} {letterbox}; {model}{weights}.")
 
 
 def frames_lines(report: dict) -> list[str]:
@@ -63,6 +65,15 @@ def frames_lines(report: dict) -> list[str]:
         lines += [f"Stopped: {stop['reason']}" + (f" (signal {stop['signal']})" if stop["signal"] else "") + ".", ""]
     if report["outputs"]["image_error"]:
         lines += [f"Saving images failed: {report['outputs']['image_error']}.", ""]
+    videos = report["sources"].get("videos") or []
+    if videos:
+        lines += ["Annotated videos: " + "; ".join(f"[{v['video']}]({v['video']}), {v['frames']} frames at "
+                                                   f"{v['fps']:g} fps" + (f", {v['missing']} missing" if v["missing"]
+                                                                         else "") for v in videos)
+                  + f". Images saved: {report['outputs']['images_saved']}.", ""]
+    skipped = report["sources"].get("skipped") or []
+    if skipped:
+        lines += ["Left out of the source: " + "; ".join(skipped) + ".", ""]
     return lines
 
 
@@ -185,7 +196,7 @@ def stage_lines(report: dict) -> list[str]:
                      _f(stage["ms_per_frame"]["p50"]), _f(stage["ms_per_frame"]["mean"]), _f(stage["cpu_ms_mean"]),
                      _pct(stage["utilisation"]), _pct(stage["cpu_utilisation"]), _f(stage["wait_in_s"], 2),
                      _f(stage["blocked_out_s"], 2), _mib(stage["peak_pss_bytes"])])
-    lines = ["## Stages", "", "Wall ms per frame beside CPU ms per frame (the main thread's); busy % by wall time "
+    lines = ["## Stages", "", "Wall ms per frame beside CPU ms per frame (every thread of the process); busy % by wall time "
              "and by CPU time; peak PSS in MiB.", ""]
     return lines + _table(["stage", "worker", "frames", "wall ms p50", "wall ms mean", "CPU ms mean", "busy %",
                            "CPU busy %", "wait in s", "blocked out s", "peak PSS MiB"], rows) + [""]

@@ -146,7 +146,8 @@ def timeline_figure(plt, run: RunData, report: dict):
             if name in rows:
                 bars.setdefault(rows[name], []).append((f["t"][t0] - run.started_s, f["t"][t1] - f["t"][t0]))
         for row, spans in bars.items():
-            axes.broken_barh(spans, (row - 0.4, 0.8), facecolors=STAGE_COLOURS[role], edgecolors="black",
+            # edges in the stage's colour: black ones made a short span a grey tick the legend did not name
+            axes.broken_barh(spans, (row - 0.4, 0.8), facecolors=STAGE_COLOURS[role], edgecolors=STAGE_COLOURS[role],
                              linewidth=0.4, label=label if row == min(bars) else None)
     axes.set_yticks(list(rows.values()), list(rows))
     axes.invert_yaxis()
@@ -163,6 +164,12 @@ def _timeline_rows(run: RunData, frames: list[dict]) -> dict[str, int]:
     return {name: i for i, name in enumerate(ordered)}
 
 
+def module_label(row: dict) -> str:
+    """``model.24 (Detect)``: the module's name with its type, which the bare index hides."""
+    kind = row.get("type")
+    return f"{row['name']} ({kind})" if kind and row["name"] != RESIDUAL_NAME else row["name"]
+
+
 def modules_figure(plt, run: RunData, report: dict):
     rows = [r for r in report["modules"] if r.get("share") is not None and r.get("outermost", True)]
     if not rows:
@@ -170,7 +177,7 @@ def modules_figure(plt, run: RunData, report: dict):
     rows = sorted(rows, key=lambda r: -r["total_ms"])[:TOP_PLOTTED_MODULES]
     fig, axes = plt.subplots(figsize=(9, 1.0 + 0.3 * len(rows)))
     colours = ["tab:gray" if r["name"] == RESIDUAL_NAME else "tab:blue" for r in rows]
-    axes.barh([r["name"] for r in rows], [100 * r["share"] for r in rows], color=colours)
+    axes.barh([module_label(r) for r in rows], [100 * r["share"] for r in rows], color=colours)
     for i, r in enumerate(rows):
         axes.text(100 * r["share"], i, f" {r['mean_ms']:.2f} ms", va="center", fontsize="small")
     axes.invert_yaxis()

@@ -17,7 +17,7 @@ import os
 from typing import Any, Callable
 
 from analysis.atomic import write_bytes_atomic
-from analysis.bottleneck import diagnose
+from analysis.bottleneck import diagnose, too_little_to_judge
 from analysis.markdown import markdown
 from analysis.plots import render_plots
 from analysis.resources import resource_report
@@ -133,15 +133,18 @@ def build_report(run: RunData) -> dict:
         "throughput": throughput,
         "latency_ms": interval_ms(measured, "read_start", "post_end"),
         "stage_latency_ms": {name: interval_ms(measured, t0, t1) for name, (t0, t1) in STAGE_INTERVALS.items()},
-        "stages": stages, "cpu": cpu,
+        "stages": stages, "cpu": cpu, "inference": inference_of(stages, run.config, run.environment),
         "bottleneck": diagnose(stages, cpu, run.config, machine, measured=throughput["fps"] is not None,
-                               live_source=bool(run.sources.get("streams"))),
+                               live_source=bool(run.sources.get("streams")),
+                               too_little=too_little_to_judge(throughput["measured_frames"], throughput["window_s"],
+                                                              throughput["fps"])),
         "resources": usage, "restarts": [{**r, "at_s": r["t_s"] - run.started_s} for r in run.restarts],
         "dropped_messages": {process_label(w): w["dropped_messages"] for w in run.workers
                              if any((w.get("dropped_messages") or {}).values())},
         "sources": {"streams": run.sources.get("streams", []), "stream_errors": run.sources.get("stream_errors", []),
                     "dropped_at_source": run.sources.get("dropped_at_source", 0),
-                    "videos": run.sources.get("videos", [])},
+                    "videos": run.sources.get("videos", []), "skipped": run.sources.get("skipped", []),
+                    "skipped_files": run.sources.get("skipped_files", 0)},
         "links": link_report(run.links), "forward": run.forward, "modules": run.module_rows,
     }
     report["bottleneck"]["efficiency"] = ratio(throughput["fps"], report["bottleneck"]["bound_fps"])
@@ -226,6 +229,28 @@ def cpu_report(usage: dict, stages: dict, window, cores: int | None, fps: float 
             "source": "none: no resource samples and no CPU time from the workers; saturation from busy wall time"}
 
 
+def inference_of(stages: dict, config: dict, environment: dict) -> dict:
+    """{"precision", "backend"}: what the inference workers ran (as they reported it; else what
+    the configuration asked, for a run that stopped before they reported)."""
+    if config.get("preset") == "none" and not config.get("weights"):
+        return {"precision": "none", "backend": "none (--preset none: no model)"}
+    devices = ",".join(config.get("devices") or [str(config.get("device") or "cpu")])
+    reported = sorted({w.get("precision") for w in stages["infer"]["per_worker"]} - {None})
+    if reported:
+        precision = "/".join(reported)
+    elif config.get("half"):
+        precision = "fp16" if devices.startswith("cuda") else "bf16"
+    else:
+        precision = "fp32"
+    if config.get("backend") == "openvino":
+        openvino = environment.get("openvino")
+        return {"precision": precision, "backend": f"OpenVINO{' ' + openvino if openvino else ''} on cpu"}
+    autocast = " with bf16 autocast" if "bf16" in reported or (not reported and precision == "bf16") else ""
+    torch_version = environment.get("torch")
+    return {"precision": precision,
+            "backend": f"PyTorch{' ' + torch_version if torch_version else ''} eager{autocast} on {devices}"}
+
+
 def link_report(links: dict) -> dict:
     return {name: {"frames": link["frames"], "bytes": link["bytes"],
                    "bytes_per_frame": link["bytes"] / link["frames"] if link["frames"] else 0.0}
@@ -248,10 +273,14 @@ def summary_of(report: dict) -> dict:
             "bound_fps": neck["bound_fps"], "bound_kind": neck["bound_kind"], "efficiency": neck["efficiency"],
             "bottleneck": neck["stage"], "limit": neck["limit"], "hint": neck["hint"],
             "peak_pss_total_bytes": report["resources"]["peak_pss_total_bytes"],
+            "precision": report["inference"]["precision"], "backend": report["inference"]["backend"],
             "restarts": len(report["restarts"]), "stop_reason": report["stop"]["reason"],
             "stop_signal": report["stop"]["signal"], "images_saved": report["outputs"]["images_saved"],
+            "videos_saved": [v["video"] for v in report["sources"]["videos"]],
+            "video_frames_saved": sum(v["frames"] for v in report["sources"]["videos"]),
             "stream_errors": report["sources"]["stream_errors"],
             "dropped_at_source": report["sources"]["dropped_at_source"],
+            "skipped_files": report["sources"]["skipped_files"],
             "image_error": report["outputs"]["image_error"],
             "stages": {role: {"workers": s["workers"],
                               "ms_per_frame": s["ms_per_frame"]["mean"] if s["ms_per_frame"]["count"] else None,

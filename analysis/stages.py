@@ -17,7 +17,7 @@ WORKER_FIELDS = ("name", "incarnation", "pid", "device", "threads", "precision",
 
 
 def runs_in_parallel(worker: dict) -> bool:
-    """More than one thread does a frame's work: the main thread's CPU time is not all of it."""
+    """More than one thread does a frame's work: its CPU time (every thread's) exceeds its time."""
     threads = worker.get("threads") or {}
     return any((threads.get(kind) or 1) > 1 for kind in ("torch", "opencv"))
 
@@ -88,8 +88,8 @@ def cpu_ms_mean(row: dict) -> float | None:
 def stage_capacity(members: list[dict], stage: dict) -> dict:
     """{"fps", "ms_per_frame", "basis"}: workers x 1000 / ms per frame. The ms are CPU ms where
     one thread does a CPU worker's work (what a core costs it, measured under this run's load),
-    wall ms on a device or where several threads share the work (the main thread's CPU time
-    would miss theirs), and wall ms where no CPU time was sent. No frames: fps None."""
+    wall ms on a device or where several threads share the work (their CPU ms add up to more
+    than the frame takes), and wall ms where no CPU time was sent. No frames: fps None."""
     on_device = any(str(w.get("device") or "cpu").startswith("cuda") for w in members)
     cpu_ms = stage["cpu_ms_mean"]
     if on_device or any(runs_in_parallel(w) for w in members) or not cpu_ms:

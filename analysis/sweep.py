@@ -21,14 +21,14 @@ is left, budget left over goes to rematches: settings whose mean fps is within 1
 incumbent's are measured again right after it (at most four trials each), and one that now
 beats it by the threshold in the mean and in most back-to-back pairs takes over (the search
 then goes on from it). The search stops when nothing is left to measure or the next trial would
-not fit in the budget; then, budget allowing, the defaults and the best are measured once
-more, back to back. The best is the
-incumbent unless its mean fps fell below the defaults', so it is never slower than the
-defaults as this sweep measured them."""
+not fit in the budget. The budget of every step keeps room for a final check: the defaults and
+the best measured once more, back to back, before the best is named. The best is the incumbent
+unless its mean fps fell below the defaults', or it was the slower of the two in that final
+check (a winner from noise); so it is never slower than the defaults as this sweep measured
+them. A sweep none of whose trials was stable says so (``SweepResult.stable_trials``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 import time
@@ -36,59 +36,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from analysis.stages import ROLE_NAMES, ROLES
+from analysis.stages import ROLES
+from analysis.sweep_moves import SWEPT, Machine, Move, Settings, propose  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
 GAIN_THRESHOLD = 0.05  # a move must raise fps by this fraction to be kept
-IDLE_UTILISATION = 0.50  # a stage busy less than this is idle enough to lose a worker
 REMATCH_WITHIN = 0.10  # with no move left, settings this close to the best's fps are measured again
 MAX_TRIALS_PER_SETTINGS = 4  # ... until they have had this many trials
-CORES_SATURATED = 0.90  # as analysis.bottleneck: from here more processes only time-slice the cores
-MAX_BATCH_CPU = 16
-MAX_BATCH_CUDA = 64
-MAX_INFER_WORKERS_PER_GPU = 4
 FIRST_TRIAL_EXTRA_S = 8.0  # the first trial also imports torch in the fork server
 TRIAL_OVERHEAD_S = 5.0  # process start-up and the final report of a trial, before any was timed
 WRAP_UP_S = 2.0  # kept free at the end of the budget: sweep.csv, sweep.json, sweep.png
-
-SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size")
-FLAGS = {"pre_workers": "--pre-workers", "infer_workers": "--infer-workers", "post_workers": "--post-workers",
-         "infer_threads": "--infer-threads", "batch_size": "--batch-size"}
-SHORT_NAMES = {"pre_workers": "pre", "infer_workers": "infer", "post_workers": "post", "infer_threads": "threads",
-               "batch_size": "batch"}
-
-
-@dataclass(frozen=True, order=True)
-class Settings:
-    """The values one trial runs with; the rest of the configuration is the same in every trial."""
-
-    pre_workers: int
-    infer_workers: int
-    post_workers: int
-    infer_threads: int
-    batch_size: int
-
-    @classmethod
-    def of(cls, cfg) -> Settings:
-        """From a resolved RunConfig (automatic counts already filled in)."""
-        return cls(**{name: getattr(cfg, name) for name in SWEPT})
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-    def flags(self) -> list[str]:
-        return [token for name in SWEPT for token in (FLAGS[name], str(getattr(self, name)))]
-
-    def label(self) -> str:
-        """"2/2x1/2 b1": pre / infer workers x threads / post, batch size."""
-        return (f"{self.pre_workers}/{self.infer_workers}x{self.infer_threads}/{self.post_workers} "
-                f"b{self.batch_size}")
-
-    def change_from(self, other: Settings) -> str:
-        """What differs from ``other``: "batch 1->2, pre 2->1"; "" when nothing does."""
-        return ", ".join(f"{SHORT_NAMES[n]} {getattr(other, n)}->{getattr(self, n)}" for n in SWEPT
-                         if getattr(self, n) != getattr(other, n))
+FINAL_CHECK_TRIALS = 2  # the defaults and the best once more, back to back: budgeted before any other step
 
 
 @dataclass(frozen=True)
@@ -147,137 +106,6 @@ class Trial:
         return self.measurement.fps if self.measurement.ok else None
 
 
-@dataclass(frozen=True)
-class Machine:
-    """What bounds the settings: cores, and the GPUs inference runs on (0 on CPU)."""
-
-    cores: int
-    gpus: int = 0
-
-    @property
-    def on_cuda(self) -> bool:
-        return self.gpus > 0
-
-
-@dataclass(frozen=True)
-class Move:
-    """One step from the incumbent: ``key`` is (setting, +1 grow / -1 shrink)."""
-
-    key: tuple[str, int]
-    settings: Settings
-    reason: str
-
-
-def _stage_name(role: str) -> str:
-    return ROLE_NAMES[role]
-
-
-def _util(m: Measurement, role: str) -> float:
-    return m.utilisation.get(role, 0.0)
-
-
-def _move(s: Settings, name: str, direction: int, reason: str) -> Move:
-    value = getattr(s, name)
-    new = value * 2 if name == "batch_size" and direction > 0 else \
-        max(1, value // 2) if name == "batch_size" else value + direction
-    return Move((name, direction), dataclasses.replace(s, **{name: new}), reason)
-
-
-def _grow_limits(s: Settings, name: str, machine: Machine) -> bool:
-    """Whether growing ``name`` stays within the machine: no more inference threads than cores on
-    CPU, at most two processes per core for pre/post, bounded batches and GPU processes."""
-    if name in ("pre_workers", "post_workers"):
-        return getattr(s, name) + 1 <= 2 * machine.cores
-    if name == "infer_workers":
-        if machine.on_cuda:
-            return s.infer_workers + 1 <= MAX_INFER_WORKERS_PER_GPU * machine.gpus
-        return (s.infer_workers + 1) * s.infer_threads <= machine.cores
-    if name == "infer_threads":
-        return s.infer_workers * (s.infer_threads + 1) <= machine.cores
-    if name == "batch_size":
-        return s.batch_size * 2 <= (MAX_BATCH_CUDA if machine.on_cuda else MAX_BATCH_CPU)
-    raise ValueError(f"sweep: expected one of {SWEPT}, got {name!r}")
-
-
-def _grow(s: Settings, name: str, machine: Machine, reason: str) -> Move | None:
-    return _move(s, name, +1, reason) if _grow_limits(s, name, machine) else None
-
-
-def _shrink(s: Settings, name: str, reason: str) -> Move | None:
-    return _move(s, name, -1, reason) if getattr(s, name) > 1 else None
-
-
-def _worker_field(role: str) -> str:
-    return f"{role}_workers"
-
-
-def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
-    """The cores are the limit: less CPU per frame, never more processes or threads."""
-    moves: list[Move | None] = []
-    for role in ROLES:
-        count = s.infer_workers * s.infer_threads if role == "infer" and not machine.on_cuda else getattr(
-            s, _worker_field(role))
-        if count > machine.cores:
-            moves.append(_shrink(s, _worker_field(role), f"cores saturated and {count} {_stage_name(role)} "
-                                                         f"processes/threads on {machine.cores} cores"))
-    moves.append(_grow(s, "batch_size", machine, "cores saturated: fewer forwards and messages per frame"))
-    idle = sorted((r for r in ROLES if r != m.bottleneck and _util(m, r) < IDLE_UTILISATION), key=lambda r: _util(m, r))
-    for role in idle:
-        moves.append(_shrink(s, _worker_field(role), f"cores saturated and {_stage_name(role)} busy only "
-                                                     f"{100 * _util(m, role):.0f} %: one process fewer to share them"))
-    if not machine.on_cuda and s.infer_workers > 1 and (s.infer_workers - 1) * (s.infer_threads + 1) <= min(
-            s.infer_workers * s.infer_threads, machine.cores):
-        trade = dataclasses.replace(s, infer_workers=s.infer_workers - 1, infer_threads=s.infer_threads + 1)
-        moves.append(Move(("infer_threads", +1), trade, "cores saturated: one inference process fewer, "
-                                                        "one torch thread more each (same threads in all)"))
-    return moves
-
-
-def stage_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
-    """One stage is the limit and cores are to spare: grow that stage."""
-    role = m.bottleneck
-    why = f"{_stage_name(role)} busy {100 * _util(m, role):.0f} % with cores to spare"
-    if role != "infer":
-        return [_grow(s, _worker_field(role), machine, why)]
-    if machine.on_cuda:
-        return [_grow(s, "batch_size", machine, why + ": fuller GPU forwards"),
-                _grow(s, "infer_workers", machine, why)]
-    return [_grow(s, "infer_workers", machine, why), _grow(s, "infer_threads", machine, why),
-            _grow(s, "batch_size", machine, why + ": fewer forwards per frame")]
-
-
-def flow_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
-    """No stage is busy: more in flight from the busiest stage, or batches that fill sooner."""
-    moves = [_shrink(s, "batch_size", "no stage busy: a smaller batch fills sooner")] if s.batch_size > 1 else []
-    if m.bottleneck:
-        moves.append(_grow(s, _worker_field(m.bottleneck), machine,
-                           f"no stage busy; {_stage_name(m.bottleneck)} the busiest "
-                           f"({100 * _util(m, m.bottleneck):.0f} %)"))
-    return moves
-
-
-def propose(incumbent: Settings, analysis: Measurement, machine: Machine,
-            repeat: tuple[str, int] | None = None) -> list[Move]:
-    """The moves worth a trial from ``incumbent``, best first, as its latest trial's analysis
-    (``analysis``) names them; a move with key ``repeat`` (the last one that paid) goes first
-    when the analysis still names it."""
-    saturated = analysis.limit == "cores" or (analysis.cpu_saturation or 0.0) >= CORES_SATURATED
-    if analysis.bottleneck is None or analysis.limit in ("unmeasured", "source"):  # nothing here to move
-        return []
-    if saturated:
-        moves = saturated_moves(incumbent, analysis, machine)
-    elif analysis.limit == "stage":
-        moves = stage_moves(incumbent, analysis, machine)
-    else:
-        moves = flow_moves(incumbent, analysis, machine)
-    unique: dict[Settings, Move] = {}
-    for move in moves:
-        if move is not None and move.settings != incumbent and move.settings not in unique:
-            unique[move.settings] = move
-    ordered = list(unique.values())
-    return sorted(ordered, key=lambda mv: mv.key != repeat)  # stable: the analysis's order otherwise
-
-
 def mean_fps(trials: list[Trial], settings: Settings) -> float | None:
     """Mean fps over the trials of ``settings`` that measured one."""
     values = [t.fps for t in trials if t.settings == settings and t.fps is not None]
@@ -294,6 +122,12 @@ class SweepResult:
     budget_s: float
     threshold: float = GAIN_THRESHOLD
     interrupted: int = 0  # the exit code of an interrupt (130, 143) that ended the sweep; 0 when none
+    final_ratio: float | None = None  # fps of the incumbent / the defaults' in the final check; None: none ran
+    unconfirmed: Settings | None = None  # the incumbent the final check did not confirm (best fell back)
+
+    @property
+    def stable_trials(self) -> int:
+        return sum(1 for t in self.trials if t.measurement.stable)
 
     @property
     def best_fps(self) -> float | None:
@@ -352,8 +186,11 @@ class Sweep:
         timed = [t.cost_s for t in self.trials[1:]][-3:] or [t.cost_s for t in self.trials]
         return max(timed) if timed else self.trial_s + TRIAL_OVERHEAD_S + FIRST_TRIAL_EXTRA_S
 
-    def fits(self, trials: int) -> bool:
-        return self.elapsed_s() + trials * self.trial_cost_estimate_s() + WRAP_UP_S <= self.budget_s
+    def fits(self, trials: int, final_check: bool = True) -> bool:
+        """Whether ``trials`` more fit in the budget, with the final check's trials kept free
+        (``final_check=False`` when they are what is asked for)."""
+        reserved = FINAL_CHECK_TRIALS if final_check else 0
+        return self.elapsed_s() + (trials + reserved) * self.trial_cost_estimate_s() + WRAP_UP_S <= self.budget_s
 
     # -- trials ---------------------------------------------------------------------------------
     def run_trial(self, settings: Settings, purpose: str, reason: str) -> Trial:
@@ -385,9 +222,14 @@ class Sweep:
             return self._result(defaults, self._best(defaults), "interrupted by Ctrl-C", interrupted=130)
         if stopped is None:
             return self._result(defaults, None, f"the defaults trial measured nothing ({self.trials[0].verdict})")
-        if self.incumbent != defaults:
-            self._final_check(defaults, self.incumbent)
-        return self._result(defaults, self._best(defaults), stopped)
+        final_ratio = self._final_check(defaults, self.incumbent) if self.incumbent != defaults else None
+        best = self._best(defaults)
+        unconfirmed = None
+        if best != defaults and final_ratio is not None and final_ratio <= 1.0:
+            best, unconfirmed = defaults, self.incumbent  # slower than the defaults when measured beside them
+        result = self._result(defaults, best, stopped)
+        result.final_ratio, result.unconfirmed = final_ratio, unconfirmed
+        return result
 
     def _search(self, defaults: Settings) -> str | None:
         """Why the search stopped; None when the defaults trial measured nothing."""
@@ -487,14 +329,24 @@ class Sweep:
         rivals = [(fps, s) for fps, s in rivals if fps >= best * (1 - REMATCH_WITHIN)]
         return max(rivals)[1] if rivals else None
 
-    def _final_check(self, defaults: Settings, best: Settings) -> None:
-        if not self.fits(2):
-            return
+    def _final_check(self, defaults: Settings, best: Settings) -> float | None:
+        """Measure the defaults, then ``best``, back to back; fps of best / defaults, or None when
+        either measured nothing or the budget was spent after all (a trial took longer than the
+        estimate)."""
+        if not self.fits(FINAL_CHECK_TRIALS, final_check=False):
+            return None
+        fps = []
         for settings, what in ((defaults, "the defaults"), (best, "the best")):
             trial = self.run_trial(settings, "final check", f"{what} once more, back to back")
             if trial.fps is not None:
                 trial.verdict = "re-measured"
+            fps.append(trial.fps)
+            if settings == best and None not in fps:
+                ratio = fps[1] / fps[0]
+                trial.verdict = (f"{100 * (ratio - 1):+.1f} % over the defaults back to back: "
+                                 + ("confirmed" if ratio > 1 else "NOT confirmed, the defaults stay best"))
             self.report(trial)
+        return fps[1] / fps[0] if None not in fps else None
 
     def _latest(self, settings: Settings) -> Trial:
         return next(t for t in reversed(self.trials) if t.settings == settings and t.fps is not None)

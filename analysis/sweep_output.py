@@ -47,6 +47,8 @@ def flag_tokens(key: str, value) -> list[str]:
     flag = "--" + key.replace("_", "-")
     if value is True:
         return [flag]
+    if value is False:
+        return []  # a switch left off: its default
     if isinstance(value, (list, tuple)):
         return [flag, *map(str, value)]
     return [flag, str(value)]
@@ -81,7 +83,8 @@ def sweep_summary(result: SweepResult, sweep_dir: str, trial_s: float, command: 
         "threshold": result.threshold, "stopped": result.stopped, "interrupted": bool(result.interrupted),
         "defaults": settings_summary(result, result.defaults), "best": settings_summary(result, result.best),
         "gain": result.gain, "command": command, "config_saved": config_saved,
-        "stable_trials": sum(1 for t in result.trials if t.measurement.stable), "trial_count": len(result.trials),
+        "stable_trials": result.stable_trials, "trial_count": len(result.trials),
+        "final_check_ratio": result.final_ratio, "unconfirmed": settings_summary(result, result.unconfirmed),
         "trials": [trial_row(t) for t in result.trials]})
 
 
@@ -91,7 +94,7 @@ def _cell(value, spec: str, width: int) -> str:
 
 def sweep_table(result: SweepResult) -> str:
     """One line per trial: settings, fps, latency, CPU per frame, bound, bottleneck, stability, verdict."""
-    header = (f"{'#':>3} {'purpose':<12}{'pre':>4}{'infer':>6}{'thr':>4}{'post':>5}{'batch':>6}{'fps':>8}"
+    header = (f"{'#':>3} {'purpose':<12}{'pre':>4}{'infer':>6}{'thr':>4}{'post':>5}{'batch':>6}{'half':>5}{'fps':>8}"
               f"{'p50 ms':>8}{'p95 ms':>8}{'CPU ms':>8}{'bound':>7}  {'bottleneck':<20}{'stable':<7}verdict")
     lines = [header]
     for t in result.trials:
@@ -99,7 +102,8 @@ def sweep_table(result: SweepResult) -> str:
         neck = f"{ROLE_NAMES.get(m.bottleneck, m.bottleneck)} ({m.limit})" if m.bottleneck else "-"
         best = " *" if t.settings == result.best else ""
         lines.append(f"{t.index:>3} {t.purpose:<12}{s.pre_workers:>4}{s.infer_workers:>6}{s.infer_threads:>4}"
-                     f"{s.post_workers:>5}{s.batch_size:>6}{_cell(m.fps, '.1f', 8)}{_cell(m.latency_p50_ms, '.1f', 8)}"
+                     f"{s.post_workers:>5}{s.batch_size:>6}{'yes' if s.half else '-':>5}{_cell(m.fps, '.1f', 8)}"
+                     f"{_cell(m.latency_p50_ms, '.1f', 8)}"
                      f"{_cell(m.latency_p95_ms, '.1f', 8)}{_cell(m.cpu_ms_per_frame, '.1f', 8)}"
                      f"{_cell(m.bound_fps, '.1f', 7)}  {neck:<20}{'yes' if m.stable else 'no':<7}{t.verdict}{best}")
     return "\n".join(lines)
@@ -112,14 +116,25 @@ def best_lines(result: SweepResult, command: str | None, config_saved: str | Non
     best, base = mean_fps(result.trials, result.best), mean_fps(result.trials, result.defaults)
     best_trials = sum(1 for t in result.trials if t.settings == result.best and t.fps is not None)
     base_trials = sum(1 for t in result.trials if t.settings == result.defaults and t.fps is not None)
-    if result.best == result.defaults:
+    if result.best == result.defaults and result.unconfirmed is not None:
+        verdict = (f"best: the defaults ({result.best.label()}), {base:.1f} fps over {base_trials} trials; "
+                   f"{result.unconfirmed.label()} led on the mean but was {100 * (result.final_ratio - 1):+.1f} % "
+                   "against them back to back: not confirmed in the final check")
+    elif result.best == result.defaults:
         verdict = (f"best: the defaults ({result.best.label()}), {base:.1f} fps over {base_trials} trials; "
                    f"no move gained {100 * result.threshold:.0f} %")
     else:
         verdict = (f"best: {result.best.label()} ({result.best.change_from(result.defaults)}), {best:.1f} fps over "
                    f"{best_trials} trials, {100 * result.gain:+.1f} % over the defaults' {base:.1f} fps "
                    f"({base_trials} trials)")
+    if result.best != result.defaults and result.final_ratio is not None:
+        verdict += f"; {100 * (result.final_ratio - 1):+.1f} % in the final back-to-back check"
     lines = [verdict, f"stopped: {result.stopped} ({result.elapsed_s:.0f} of {result.budget_s:.0f} s)"]
+    measured = sum(1 for t in result.trials if t.fps is not None)
+    if measured and result.stable_trials == 0:
+        lines.insert(0, f"NONE of the {measured} trials was stable (their fps moved by more than 10 % between "
+                        "2 s windows: other work on the machine, or trials too short): differences of a few "
+                        "percent are noise here, so take the verdict as a lead to re-measure, not a result")
     latest = result.latest(result.best)
     if latest and latest.measurement.hint:
         lines.append(f"analysis of the best: {latest.measurement.hint}")

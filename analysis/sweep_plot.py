@@ -61,17 +61,35 @@ def _trial_path(axes, result: SweepResult) -> None:
     axes.xaxis.get_major_locator().set_params(integer=True)
     axes.set(xlabel="trial (in the order run)", ylabel="fps (measured window)",
              title=f"{len(result.trials)} trials in {result.elapsed_s:.0f} s of a {result.budget_s:.0f} s budget")
-    axes.legend(loc="lower right", fontsize="small")
+    # below the axes: inside them the legend covered trials
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize="small", frameon=False)
+
+
+def settings_rows(result: SweepResult) -> list[tuple]:
+    """(settings, mean fps, not kept) per settings tried, bottom row first: by mean fps with the
+    best on top; "not kept": its mean beats the best's but it was not chosen (a lucky trial that
+    did not hold back to back, or a gain under the threshold)."""
+    best_mean = mean_fps(result.trials, result.best) if result.best else None
+    tried = sorted({t.settings for t in result.trials if t.fps is not None},
+                   key=lambda s: (s == result.best, mean_fps(result.trials, s) or 0.0))
+    means = [mean_fps(result.trials, s) for s in tried]
+    return [(s, m, s != result.best and best_mean is not None and m > best_mean) for s, m in zip(tried, means)]
 
 
 def _settings_bars(axes, result: SweepResult) -> None:
     """A bar per settings tried (settings as pre/infer x threads/post and batch), its mean fps,
-    a dot per trial; the best orange, the defaults grey."""
-    tried = sorted({t.settings for t in result.trials if t.fps is not None},
-                   key=lambda s: mean_fps(result.trials, s) or 0.0)
-    means = [mean_fps(result.trials, s) for s in tried]
+    a dot per trial; the best orange and on top, the defaults grey; settings not kept
+    hatched, the best's mean a dashed line across."""
+    rows = settings_rows(result)
+    tried, means, unconfirmed = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
     colours = [BEST_COLOUR if s == result.best else "tab:gray" if s == result.defaults else "tab:blue" for s in tried]
-    axes.barh(range(len(tried)), means, color=colours, alpha=0.8)
+    bars = axes.barh(range(len(tried)), means, color=colours, alpha=0.8)
+    for bar, hatched in zip(bars, unconfirmed):
+        if hatched:
+            bar.set(hatch="//", alpha=0.35)
+    best_mean = mean_fps(result.trials, result.best) if result.best else None
+    if best_mean:
+        axes.axvline(best_mean, color=BEST_COLOUR, linestyle="--", linewidth=1)
     counts = []
     for row, settings in enumerate(tried):
         values = [t.fps for t in result.trials if t.settings == settings and t.fps is not None]
@@ -79,7 +97,8 @@ def _settings_bars(axes, result: SweepResult) -> None:
         axes.scatter(values, [row] * len(values), color="black", s=12, zorder=3)
         axes.text(max(values), row, f"  {means[row]:.1f}", va="center", fontsize="small")
     labels = [s.label() + (" defaults" if s == result.defaults else "") + (" BEST" if s == result.best else "")
-              + f" ({n} trial{'s' if n > 1 else ''})" for s, n in zip(tried, counts)]
+              + (" not kept" if hatched else "") + f" ({n} trial{'s' if n > 1 else ''})"
+              for s, n, hatched in zip(tried, counts, unconfirmed)]
     axes.set_yticks(range(len(tried)), labels, fontsize="small")
     axes.set_xlim(0, 1.12 * max(t.fps for t in result.trials if t.fps is not None))
     axes.set(xlabel="mean fps over the settings' trials (dots: single trials)",

@@ -52,8 +52,11 @@ def sweep_request(cfg: RunConfig, sweep: bool | None, sweep_budget_s: float | No
                   flags: dict, config_path: str, default_config: str) -> SweepRequest | None:
     """The checked sweep request; None without ``--sweep``. ValueError names a bad value."""
     if not sweep:
-        if sweep_budget_s is not None or save_config:
-            raise ValueError("--sweep-budget-s and --save-config: expected --sweep as well")
+        given = [flag for flag, value in (("--sweep-budget-s", sweep_budget_s), ("--save-config", save_config))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)}: expected --sweep as well (the settings saved are the ones "
+                             "a sweep finds)")
         return None
     budget = DEFAULT_BUDGET_S if sweep_budget_s is None else sweep_budget_s
     trial_s = cfg.duration or DEFAULT_TRIAL_S
@@ -90,8 +93,9 @@ def make_sweep_dir(results: str, name: str, exist_ok: bool) -> str:
 class LiveTrials:
     """The trial function: one time-boxed pipeline run per call, in its own folder."""
 
-    def __init__(self, given: RunConfig, sweep_dir: str, trial_s: float):
+    def __init__(self, given: RunConfig, sweep_dir: str, trial_s: float, download_dir: str = ""):
         self.given, self.sweep_dir, self.trial_s = given, sweep_dir, trial_s
+        self.download_dir = download_dir  # a video URL downloaded once, for every trial
 
     def config(self, settings: Settings, index: int) -> RunConfig:
         return dataclasses.replace(self.given, **settings.as_dict(), duration=self.trial_s, frames=0,
@@ -103,7 +107,7 @@ class LiveTrials:
         from supervisor.run import UsageError, run_pipeline
         cfg, machine, names = resolve(self.config(settings, index))
         try:
-            outcome = run_pipeline(cfg, machine, names, plan_source(cfg), show_progress=False)
+            outcome = run_pipeline(cfg, machine, names, plan_source(cfg, self.download_dir), show_progress=False)
         except UsageError as exc:
             return Measurement(fps=None, exit_code=2, error=str(exc))
         if outcome.exit_code in (130, 143):
@@ -124,15 +128,16 @@ def log_trial(trial: Trial) -> None:
 
 
 def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequest,
-              started_s: float | None = None) -> int:
+              started_s: float | None = None, download_dir: str = "") -> int:
     """Run the sweep, write its files, print the table (or the JSON summary); the exit code.
     The budget runs from ``started_s`` (the runner's start, perf_counter clock)."""
     sweep_dir = make_sweep_dir(given.results, given.name, given.exist_ok)
     gpus = len(resolved.devices) if machine.device_type == "cuda" else 0
     log.info("sweep %s: %g s budget, %g s trials, from %s", sweep_dir, request.budget_s, request.trial_s,
              Settings.of(resolved).label())
-    sweep = Sweep(LiveTrials(given, sweep_dir, request.trial_s), Machine(machine.cores, gpus), request.budget_s,
-                  request.trial_s, on_trial=log_trial, started_s=started_s)
+    trials = LiveTrials(given, sweep_dir, request.trial_s, download_dir)
+    sweep = Sweep(trials, Machine(machine.cores, gpus, bf16=machine.bf16), request.budget_s, request.trial_s,
+                  on_trial=log_trial, started_s=started_s)
     result = sweep.run(Settings.of(resolved))
     command, config_saved, failed = None, None, {}
     if result.best is not None:

@@ -29,6 +29,8 @@ def format_summary(summary: dict, report: dict | None = None) -> str:
     if summary["latency_p50_ms"] is not None:
         lines.append(f"latency     p50 {summary['latency_p50_ms']:.1f}  p95 {summary['latency_p95_ms']:.1f}  "
                      f"p99 {summary['latency_p99_ms']:.1f} ms")
+    if summary.get("precision"):
+        lines.append(f"model       {summary['precision']}, {summary['backend']}")
     lines.append(_cpu_line(summary))
     lines.append(f"{'stage':<8}{'workers':>8}{'wall ms':>9}{'CPU ms':>8}{'busy %':>8}{'CPU %':>7}{'PSS MiB':>9}")
     for role in ROLES:
@@ -41,7 +43,9 @@ def format_summary(summary: dict, report: dict | None = None) -> str:
         lines.append(f"bottleneck  {ROLE_NAMES[summary['bottleneck']]} ({summary['limit']})"
                      + (f": {summary['hint']}" if summary["hint"] else ""))
     if summary.get("run_dir"):
-        lines.append(f"run folder  {summary['run_dir']}")
+        videos = summary.get("videos_saved") or []
+        saved = f" ({summary.get('images_saved') or 0} images, annotated {', '.join(videos)})" if videos else ""
+        lines.append(f"run folder  {summary['run_dir']}{saved}")
     failed = (summary.get("files") or {}).get("failed")
     if failed:
         lines.append(f"NOT WRITTEN {', '.join(failed)}: {next(iter(failed.values()))}")
@@ -54,6 +58,9 @@ def _source_line(summary: dict) -> str:
     dropped = summary.get("dropped_at_source") or 0
     if dropped:
         parts.append(f"{dropped} frames dropped at the source (newer frames replaced them while the pipeline was busy)")
+    skipped = summary.get("skipped_files") or 0
+    if skipped:
+        parts.append(f"{skipped} file{'s' if skipped > 1 else ''} left out: not images or videos")
     errors = summary.get("stream_errors") or []
     if errors:
         parts.append(f"{len(errors)} stream error{'s' if len(errors) > 1 else ''}: {errors[0]}")

@@ -11,6 +11,10 @@ import time
 
 from tqdm import tqdm
 
+from workers.config import RunConfig
+from yolo.precision import choose_precision
+from yolo.presets import MODEL_FREE
+
 ECHO_LEVELS = (" WARNING ", " ERROR ", " CRITICAL ")
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
@@ -44,7 +48,9 @@ class Console:
             self._first_done_s, self._first_done = now, done
         self.bar.update(done - self.bar.n)
         rate = (done - self._first_done) / (now - self._first_done_s) if self._first_done_s and now > self._first_done_s else 0.0
-        self.bar.set_postfix_str(f"{rate:.1f} fps, failed {failed}", refresh=False)
+        # the time left at the pipeline's own rate since its first frame (start-up left out)
+        eta = f", ETA {tqdm.format_interval((self.total - done) / rate)}" if self.total and rate > 0 else ""
+        self.bar.set_postfix_str(f"{rate:.1f} fps{eta}, failed {failed}", refresh=False)
 
     def finish(self, fps: float | None) -> None:
         """Close the bar showing the run's measured fps, the figure the summary gives."""
@@ -99,3 +105,15 @@ class ConsoleHandler(logging.Handler):
             self.console.say(self.format(record))
         except Exception:  # noqa: BLE001 - logging must never raise
             self.handleError(record)
+
+
+def model_words(cfg: RunConfig) -> str:
+    """The model, its precision and the backend, as the start line says them."""
+    if cfg.preset == MODEL_FREE and not cfg.weights:
+        return "no model (--preset none)"
+    model = os.path.basename(cfg.weights) if cfg.weights else f"random-weight {cfg.preset}"
+    precision = choose_precision(cfg.devices[0] if cfg.devices else cfg.device, cfg.half)
+    if cfg.backend == "openvino":
+        return f"{model} in {precision} (OpenVINO)"
+    autocast = " autocast" if precision == "bf16" else ""
+    return f"{model} in {precision}{autocast} (PyTorch eager)"

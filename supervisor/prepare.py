@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import math
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -22,6 +23,12 @@ from yolo.presets import MODEL_FREE, PRESETS
 
 LETTERBOX_CHANNELS = 3
 DEFAULT_ORIGINAL_HW = (1080, 1920)  # slot size for originals when the source's largest is unknown
+MAX_NAME_SUFFIX = 10000  # exp, exp2, ... exp9999, as Ultralytics' increment_path tries
+# What a run writes into its folder: a run reusing a folder (--exist-ok) removes these first, so
+# the old run's images, labels or crops never sit beside the new report. Anything else stays.
+RUN_OUTPUT_DIRS = ("images", "videos", "labels", "crops")
+RUN_OUTPUT_FILES = ("report.json", "report.md", "modules.csv", "detections.json", "predictions.json", "trace.json",
+                    "run.log", "plots.png", "latency.png", "timeline.png", "modules.png", "resources.png")
 PROBED_FILES = 64  # image headers read to size the slots
 HEADER_BYTES = 1 << 16  # enough of a file for its width and height
 MAX_SLOT_ORIGINAL_PIXELS = 3840 * 2160  # a larger original travels in its message instead
@@ -43,7 +50,7 @@ class Machine:
 def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     """Fill the automatic counts and check devices, preset and weights; returns the resolved
     config, the machine, and the class names. torch is imported only for CUDA or weights."""
-    specs = [s.strip() for s in cfg.device.split(",") if s.strip()]
+    specs = device_specs(cfg.device)
     if not specs:
         raise ConfigError(f"config device: expected cpu, cuda, cuda:N or a list, got {cfg.device!r}")
     on_cuda = any(s.startswith("cuda") for s in specs)
@@ -102,6 +109,13 @@ def prepare_backend(cfg: RunConfig) -> None:
     log.info("OpenVINO model %s: %s", "converted and cached" if converted else "from the cache", path.parent)
 
 
+def device_specs(device: str) -> list[str]:
+    """The devices of a ``--device`` value; a bare index is a CUDA device, as in Ultralytics'
+    ``--device 0`` or ``--device 0,1``."""
+    specs = [s.strip() for s in device.split(",") if s.strip()]
+    return [f"cuda:{s}" if s.isdigit() else s for s in specs]
+
+
 def _class_names(cfg: RunConfig) -> tuple[str, ...]:
     from yolo.names import default_names
     if not cfg.weights:
@@ -128,11 +142,16 @@ def check_results_dir(results: str) -> None:
         raise ConfigError(f"config results: cannot write run folders in {results!r} ({reason})") from None
 
 
-def check_run_name(results: str, name: str, exist_ok: bool) -> None:
-    """A named run folder that exists is an error unless ``exist_ok``, found before anything starts."""
-    if name and os.path.exists(os.path.join(results, name)) and not exist_ok:
-        raise ConfigError(f"config name: run folder {os.path.join(results, name)!r} exists; choose another "
-                          "--name or pass --exist-ok to reuse it")
+def free_run_name(results: str, name: str, exist_ok: bool) -> str:
+    """The run folder's name: ``name`` itself when it is free or ``exist_ok``, else the first free
+    of ``name2``, ``name3``, ... (Ultralytics' ``exp`` -> ``exp2``); "" stays "" (a timestamp)."""
+    if not name or exist_ok or not os.path.lexists(os.path.join(results, name)):
+        return name
+    for n in range(2, MAX_NAME_SUFFIX):
+        if not os.path.lexists(os.path.join(results, f"{name}{n}")):
+            return f"{name}{n}"
+    raise ConfigError(f"config name: expected a free run folder name, got {name!r} with {name}2 ... "
+                      f"{name}{MAX_NAME_SUFFIX - 1} all taken in {results!r}")
 
 
 # A --duration run over files plans this many frames per second, looping the source: a GPU
@@ -140,17 +159,20 @@ def check_run_name(results: str, name: str, exist_ok: bool) -> None:
 DURATION_FPS_CEILING = 10_000
 
 
-def plan_source(cfg: RunConfig):
-    """The frame plan; with --duration over a finite source, enough looped frames to outlast it."""
+def plan_source(cfg: RunConfig, download_dir: str = ""):
+    """The frame plan; with --duration over a finite source, enough looped frames to outlast it.
+    A video URL whose server cannot seek is downloaded into ``download_dir`` (see yolo.downloads)."""
     from yolo.imageio import set_opencv_pixel_limit
     from yolo.sources import plan_frames
+    from yolo.streams import StreamOptions
     set_opencv_pixel_limit(cfg.max_pixels)  # before any stage loads OpenCV: it reads the limit at import
     frames = cfg.frames or None
+    streams = StreamOptions(download_dir=download_dir)
     try:
-        plan = plan_frames(cfg.source, frames, cfg.synthetic_count, vid_stride=cfg.vid_stride)
+        plan = plan_frames(cfg.source, frames, cfg.synthetic_count, vid_stride=cfg.vid_stride, streams=streams)
         if cfg.duration and not cfg.frames and not plan.open_ended:
             plan = plan_frames(cfg.source, math.ceil(cfg.duration * DURATION_FPS_CEILING), cfg.synthetic_count,
-                               vid_stride=cfg.vid_stride)
+                               vid_stride=cfg.vid_stride, streams=streams)
     except ValueError as exc:
         raise ConfigError(f"config source: {exc}") from None
     return plan
@@ -159,18 +181,38 @@ def plan_source(cfg: RunConfig):
 def make_run_dir(results: str, name: str = "", exist_ok: bool = False) -> str:
     if name:
         path = os.path.join(results, name)
-        os.makedirs(os.path.join(path, "images"), exist_ok=exist_ok)
+        if exist_ok and os.path.isdir(path):
+            clear_run_outputs(path)
+        os.makedirs(path, exist_ok=exist_ok)  # images/, videos/, labels/ are made when something goes there
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_id, n = stamp, 1
     while True:
         try:
-            os.makedirs(os.path.join(results, run_id, "images"))
+            os.makedirs(os.path.join(results, run_id))
             break
         except FileExistsError:
             n += 1
             run_id = f"{stamp}-{n}"
     return os.path.join(results, run_id)
+
+
+def clear_run_outputs(run_dir: str) -> list[str]:
+    """Remove what an earlier run wrote in ``run_dir`` (RUN_OUTPUT_DIRS and RUN_OUTPUT_FILES);
+    returns the names removed. Other files, the user's, are left alone."""
+    removed = []
+    for name in RUN_OUTPUT_DIRS + RUN_OUTPUT_FILES:
+        path = os.path.join(run_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+        else:
+            continue
+        removed.append(name)
+    if removed:
+        log.info("--exist-ok: removed the earlier run's %s from %s", ", ".join(removed), run_dir)
+    return removed
 
 
 def point_latest(run_dir: str) -> None:

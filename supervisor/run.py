@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from analysis.atomic import write_bytes_atomic
-from supervisor.console import Console, ConsoleHandler
+from supervisor.console import Console, ConsoleHandler, model_words
 from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
 from supervisor.processes import Launcher, role_of
@@ -254,14 +254,14 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         template = StageArgs(name="", index=0, config=cfg, plan=plan, endpoints=endpoints, wire=wire,
                              log_path=log_path, run_dir=run_dir, run_tag=run_tag, names=names,
                              runner_pid=os.getpid(), slot_bytes=slot_bytes, slot_count=slot_count)
-        log.info("run %s: %s from %s; %d pre, %d infer (%s, %d threads each), %d post workers",
-                 os.path.basename(run_dir), frames_planned(cfg, plan), cfg.source, cfg.pre_workers, cfg.infer_workers,
-                 ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
+        log.info("run %s: %s from %s; %s; %d pre, %d infer (%s, %d threads each), %d post workers",
+                 os.path.basename(run_dir), frames_planned(cfg, plan), cfg.source, model_words(cfg), cfg.pre_workers,
+                 cfg.infer_workers, ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
         log.debug("ipc sockets in %s; shared-memory segments %s*", ipc_dir, run_tag)
         launcher = Launcher(template, collector_extra=(worker_names, runner_started_s, machine.as_dict()))
         health = Health(cfg.heartbeat_timeout_s)
         watch = Watch(cfg, launcher, health, control_out, token, interrupts, console)
-        console.say(f"starting {len(worker_names) + 1} processes...")
+        console.say(f"starting {len(worker_names) + 1} processes (inference loads the model first)...")
         launcher.warm_up()
         for name in ["collector"] + worker_names[::-1]:  # consumers first, so producers find them
             if interrupts.count:
@@ -427,7 +427,7 @@ def _add_runner_drops(run_dir: str, counts: dict) -> None:
 
 
 def _remove_empty_run_dir(run_dir: str) -> None:
-    """A run stopped before it wrote anything leaves no folder behind (its log aside, nothing)."""
-    images = os.path.join(run_dir, "images")
-    if os.path.isdir(images) and not os.listdir(images):
+    """A run stopped before it wrote anything (a log, empty folders, .partial files) leaves no folder."""
+    entries = [os.path.join(run_dir, e) for e in os.listdir(run_dir) if e != "run.log" and not e.endswith(".partial")]
+    if all(os.path.isdir(e) and not os.path.islink(e) and not os.listdir(e) for e in entries):
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -76,7 +76,8 @@ def _jpeg(level: int) -> bytes:
 class MediaServer:
     """An http server on 127.0.0.1 in a thread.
 
-    ``/files/<name>`` serves ``files[name]`` whole, ``/cut/<name>`` sends half and closes,
+    ``/files/<name>`` serves ``files[name]`` whole (as ``python -m http.server`` does, ignoring
+    Range requests), ``/ranged/<name>`` answers Range requests (206), ``/cut/<name>`` sends half and closes,
     ``/stall/<name>`` sends half and then nothing for ``stall_s``; ``/live.mjpg`` is an endless
     MJPEG stream at ``live_fps``, and ``/live-ends.mjpg`` sends ``short_frames`` frames to its
     first ``short_requests`` requests and 404 to the others (a camera that goes away).
@@ -125,6 +126,8 @@ class MediaServer:
             self._send_mjpeg(handler, None)
         elif handler.path == "/live-ends.mjpg" and self.connections[handler.path] <= self.short_requests:
             self._send_mjpeg(handler, self.short_frames)
+        elif mode == "ranged" and name in self.files:
+            self._send_range(handler, self.files[name])
         elif mode in ("files", "cut", "stall") and name in self.files:
             data = self.files[name]
             handler.send_response(200)
@@ -137,6 +140,23 @@ class MediaServer:
                 self._stopping.wait(self.stall_s)
         else:
             handler.send_error(404)
+
+    @staticmethod
+    def _send_range(handler: http.server.BaseHTTPRequestHandler, data: bytes) -> None:
+        """``Range: bytes=a-b`` or ``bytes=a-`` answered with 206 and that part; none: the whole."""
+        wanted = handler.headers.get("Range", "")
+        first, last = 0, len(data) - 1
+        if wanted.startswith("bytes="):
+            start, _, end = wanted[len("bytes="):].partition("-")
+            first, last = int(start or 0), min(int(end) if end else len(data) - 1, len(data) - 1)
+        handler.send_response(206 if wanted else 200)
+        handler.send_header("Accept-Ranges", "bytes")
+        handler.send_header("Content-Type", "video/mp4")
+        handler.send_header("Content-Length", str(last - first + 1))
+        if wanted:
+            handler.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+        handler.end_headers()
+        handler.wfile.write(data[first:last + 1])
 
     def _send_mjpeg(self, handler: http.server.BaseHTTPRequestHandler, frames: int | None) -> None:
         handler.send_response(200)

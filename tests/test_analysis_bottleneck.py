@@ -3,7 +3,7 @@ efficiency by hand, the stage named, and levers that fit the device and the figu
 
 import pytest
 
-from analysis.bottleneck import pipeline_bound
+from analysis.bottleneck import MIN_JUDGED_FRAMES, pipeline_bound, too_little_to_judge
 from analysis.report import build_report
 from tests.analysis_runs import steady_run
 
@@ -112,6 +112,23 @@ def test_a_run_without_measured_frames_names_no_lever():
     neck = report["bottleneck"]
     assert report["throughput"]["fps"] is None
     assert neck["limit"] == "unmeasured" and neck["levers"] == [] and "run longer" in neck["hint"], neck
+
+
+def test_a_run_with_a_few_measured_frames_says_how_long_to_run_instead_of_a_lever():
+    """13 frames of which 2 are measured (the issue's run): the flow limit is named, no
+    '--prefetch' advice from it; the hint says how long to run."""
+    report = build_report(steady_run(frames=13, warmup=11, busy={"pre": 0.2, "infer": 0.3, "post": 0.2}))
+    neck = report["bottleneck"]
+    assert report["throughput"]["measured_frames"] < MIN_JUDGED_FRAMES
+    assert neck["levers"] == [] and "--prefetch" not in neck["hint"], neck
+    assert "too few to tell what limits the run; run longer (--frames" in neck["hint"] and "--duration 8" in neck["hint"]
+    assert report["summary"]["hint"] == neck["hint"]
+
+
+@pytest.mark.parametrize("frames, window_s, enough", [(9, 10.0, False), (10, 1.9, False), (10, 2.0, True),
+                                                      (500, 30.0, True), (0, None, False)])
+def test_levers_need_ten_measured_frames_over_one_throughput_window(frames, window_s, enough):
+    assert (too_little_to_judge(frames, window_s, 5.0) is None) is enough
 
 
 LIVE_STREAM = {"streams": [{"name": "http://camera/stream", "item": 0, "grabbed": 300, "kept": 300, "delivered": 300,

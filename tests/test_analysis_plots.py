@@ -62,3 +62,10 @@ def test_a_memory_line_never_mixes_pss_and_rss():
     rss_only = [[0.0, 0.0, 400 * MIB, None], [0.5, 0.1, None, None], [1.0, 0.2, 420 * MIB, None]]
     assert memory_series(rss_only) == ("RSS", [(0.0, 400 * MIB), (1.0, 420 * MIB)])
     assert memory_series([[0.0, 0.0, None, None]]) == ("PSS", [])
+
+
+def test_module_rows_are_labelled_with_their_type():
+    from analysis.plots import module_label
+    from yolo.module_stats import RESIDUAL_NAME
+    assert module_label({"name": "model.24", "type": "Detect"}) == "model.24 (Detect)"
+    assert module_label({"name": RESIDUAL_NAME, "type": "residual"}) == RESIDUAL_NAME

@@ -267,3 +267,32 @@ def test_cancelled_ids_are_listed_as_ranges():
     from analysis.report import id_ranges
     assert id_ranges([7, 3, 4, 5, 9, 10]) == [[3, 5], [7, 7], [9, 10]]
     assert id_ranges([]) == []
+
+
+@pytest.mark.parametrize("precision, config, backend", [
+    (None, {}, "PyTorch 2.x eager on cpu"),
+    ("bf16", {"half": True}, "PyTorch 2.x eager with bf16 autocast on cpu"),
+    (None, {"half": True, "devices": ["cuda:0"]}, "PyTorch 2.x eager on cuda:0"),
+    ("none", {"preset": "none"}, "none (--preset none: no model)"),
+])
+def test_precision_and_backend_are_in_the_summary_json_and_report_md(tmp_path, precision, config, backend):
+    run = make_run(environment={"cpu_cores": 2, "torch": "2.x"})
+    run.config.update(config)
+    for w in run.workers:
+        if w["role"] == "infer" and precision:
+            w["precision"] = precision
+    summary = write_run_folder(str(tmp_path), run)
+    expected = precision or ("fp16" if config else "fp32")
+    assert (summary["precision"], summary["backend"]) == (expected, backend)
+    assert json_summary(summary)["precision"] == expected
+    assert f"model       {expected}, {backend}" in format_summary(summary)
+    assert f"{expected}, {backend}" in (tmp_path / "report.md").read_text()
+
+
+def test_files_left_out_of_a_folder_are_counted_in_every_output(tmp_path):
+    notes = ["7 files that are not images or videos (6 .txt, 1 .yaml) under ."]
+    summary = write_run_folder(str(tmp_path), make_run(sources={"skipped": notes, "skipped_files": 7}))
+    report = load(tmp_path, "report.json")
+    assert report["sources"]["skipped_files"] == summary["skipped_files"] == 7 and report["sources"]["skipped"] == notes
+    assert "7 files left out: not images or videos" in format_summary(summary)
+    assert f"Left out of the source: {notes[0]}." in (tmp_path / "report.md").read_text()

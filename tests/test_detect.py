@@ -64,7 +64,7 @@ def test_cli_reads_a_list_with_a_video_a_broken_entry_and_a_live_stream(repo_roo
     assert done.returncode == 0, output
     host = server.url("").split("//")[1].replace(":", "_")
     assert "10 frames from 1 image, 1 video, 1 broken, 1 stream" in output
-    assert [f"{i}/10 clip.avi:00000{i - 2}" in output for i in range(2, 7)] == [True] * 5
-    assert [f"{i}/10 {host}/live.mjpg:00000{i - 8}" in output for i in range(8, 11)] == [True] * 3
+    assert [f"{i}/10 clip.avi:00000{i - 1}" in output for i in range(2, 7)] == [True] * 5
+    assert [f"{i}/10 {host}/live.mjpg:00000{i - 7}" in output for i in range(8, 11)] == [True] * 3
     assert "9 frames in" in output and "1 failed" in output and "missing.png: no such file or directory" in output
     assert f"stream {host}/live.mjpg: " in output and " 3 read, " in output

@@ -62,3 +62,25 @@ def test_label_text():
     assert _label(0, 0.8234, COCO_NAMES) == "person 0.82"
     assert _label(80, 0.5, COCO_NAMES) == "80 0.50"
     assert _label(-1, 0.5, COCO_NAMES) == "-1 0.50"
+
+
+def test_hide_labels_draws_the_box_only_and_hide_conf_the_name_only():
+    detections = np.array([[20.0, 40.0, 120.0, 90.0, 0.87, 0.0]])
+    image = np.zeros((100, 200, 3), np.uint8)
+    full = draw_detections(image, detections, COCO_NAMES, line_width=2)
+    boxes_only = draw_detections(image, detections, COCO_NAMES, line_width=2, hide_labels=True)
+    name_only = draw_detections(image, detections, COCO_NAMES, line_width=2, hide_conf=True)
+    label_area = (slice(0, 36), slice(20, 200))  # above the box (and its anti-aliased edge): the label
+    assert boxes_only[label_area].sum() == 0 and full[label_area].sum() > 0
+    assert 0 < name_only[label_area].sum() < full[label_area].sum()  # "person" is shorter than "person 0.87"
+    boxes_area = (slice(42, 100), slice(0, 200))
+    assert np.array_equal(boxes_only[boxes_area], full[boxes_area])
+
+
+def test_the_line_thickness_sets_the_box_edge_width():
+    def edge_px(width):
+        image = draw_detections(np.zeros((100, 200, 3), np.uint8), np.array([[50.0, 50.0, 150.0, 90.0, 0.5, 0.0]]),
+                                COCO_NAMES, line_width=width, hide_labels=True)
+        return int(image[70, 30:70].any(axis=1).sum())  # across the left edge at x = 50
+
+    assert edge_px(1) <= 3 < edge_px(5) < edge_px(9)  # anti-aliasing widens each by a pixel or two

@@ -27,8 +27,8 @@ def _parse(line: str) -> list[float]:
     ("bus.jpg", "labels/bus.txt"),
     ("dir/x.png", "labels/dir/x.txt"),
     ("a.b.jpg", "labels/a.b.txt"),  # like pathlib's stem: only the last extension goes
-    ("clip.mp4:000000", "labels/clip_1.txt"),  # detect.py counts video frames from 1
-    ("clip.mp4:000017", "labels/clip_18.txt"),
+    ("clip.mp4:000001", "labels/clip_1.txt"),  # names count video frames from 1, as detect.py does
+    ("clip.mp4:000018", "labels/clip_18.txt"),
     ("synthetic/00003.jpg", "labels/synthetic/00003.txt"),
     ("odd:name.jpg", "labels/odd:name.txt"),  # a colon without a frame index is part of the name
 ])
@@ -41,7 +41,7 @@ def test_split_video_frame():
     assert split_video_frame("bus.jpg") is None
     assert split_video_frame(":000017") is None
     assert split_video_frame("clip.mp4:١٧") is None  # non-ASCII digits are not a frame index
-    assert frame_stem("clip.mp4:000017") == "clip_18"
+    assert frame_stem("clip.mp4:000017") == "clip_17"
 
 
 def test_lines_parse_back_to_the_boxes():

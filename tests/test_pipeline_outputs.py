@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 
 import cv2
@@ -65,7 +66,10 @@ def test_a_video_source_gives_an_annotated_video(tmp_path, stride):
     report = load(run_dir, "report.json")
     assert report["sources"]["videos"] == [{"video": "videos/clip.mp4", "frames": CLIP_FRAMES // stride,
                                             "missing": 0, "fps": pytest.approx(CLIP_FPS / stride)}]
-    assert not list((run_dir / "images").rglob("*.jpg"))  # a video's frames go into its video, not images/
+    assert not (run_dir / "images").exists()  # a video's frames go into its video, not images/
+    assert report["summary"]["videos_saved"] == ["videos/clip.mp4"]
+    assert report["summary"]["video_frames_saved"] == CLIP_FRAMES // stride
+    assert "Annotated videos: [videos/clip.mp4](videos/clip.mp4)" in (run_dir / "report.md").read_text()
 
 
 def test_predictions_json_is_evaluated_by_pycocotools(fixtures_dir, tmp_path):
@@ -120,29 +124,37 @@ def test_label_files_match_the_detections(fixtures_dir, tmp_path):
 
 
 def test_a_clip_served_over_http_and_a_txt_list(tmp_path):
+    """``python -m http.server``'s handler ignores Range requests: the small clip streams, the
+    larger one (which FFmpeg cannot read without seeking) is downloaded first, then removed."""
     served = tmp_path / "served"
     served.mkdir()
     write_clip(served / "clip.mp4")
+    big_frames = 100
+    writer = cv2.VideoWriter(str(served / "big.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 25.0, (320, 240))
+    for i in range(big_frames):
+        writer.write(np.full((240, 320, 3), 2 * i, np.uint8))
+    writer.release()
     cv2.imwrite(str(tmp_path / "still.png"), np.full((60, 80, 3), 90, np.uint8))
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
+        url = f"http://127.0.0.1:{server.server_port}"
         listing = tmp_path / "sources.txt"
-        listing.write_text(f"# a list mixing a file and a URL\nstill.png\nhttp://127.0.0.1:{server.server_port}/clip.mp4\n")
-        code, run_dir = run(tmp_path, "--source", str(listing), "--imgsz", "128")
+        listing.write_text(f"# a list mixing a file and URLs\nstill.png\n{url}/clip.mp4\n{url}/big.mp4\n")
+        code, run_dir = run(tmp_path, "--source", str(listing), "--imgsz", "128", "--save-images", "none")
     finally:
         server.shutdown()
         server.server_close()
     assert code == 0
     report = load(run_dir, "report.json")
-    assert report["frames"]["in"] == report["frames"]["processed"] == CLIP_FRAMES + 1
-    videos = report["sources"]["videos"]
-    assert len(videos) == 1 and videos[0]["frames"] == CLIP_FRAMES
-    assert (run_dir / "images" / "still.png").is_file()
+    assert report["frames"]["in"] == report["frames"]["processed"] == CLIP_FRAMES + big_frames + 1
+    assert not any(name.startswith(f"yolo-pipeline-downloads-{os.getpid()}") for name in os.listdir(tempfile.gettempdir()))
 
 
 def test_named_runs_and_the_json_summary(tmp_path):
+    """A taken --name gives name2, as detect.py's exp -> exp2; --exist-ok reuses the folder and
+    removes the old run's outputs first, leaving the user's own files."""
     results = tmp_path / "results"
     cmd = [sys.executable, "runner.py", "--results", str(results), "--name", "first", "--frames", "6", "--imgsz", "64",
            "--workers", "1", "--infer-workers", "1", "--json", "--no-progress"]
@@ -152,9 +164,27 @@ def test_named_runs_and_the_json_summary(tmp_path):
     assert summary["exit_code"] == 0 and summary["processed"] == 6 and summary["run_dir"].endswith("first")
     assert (results / "first" / "report.json").is_file() and os.readlink(results / "latest") == "first"
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "--exist-ok" in again.stderr
-    reused = subprocess.run(cmd + ["--exist-ok"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert reused.returncode == 0
+    assert again.returncode == 0 and json.loads(again.stdout)["run_dir"].endswith("first2"), again.stderr[-2000:]
+    assert "first exists: this run goes to" in again.stderr and os.readlink(results / "latest") == "first2"
+    (results / "first" / "images" / "old.jpg").write_bytes(b"from the first run")
+    (results / "first" / "notes.txt").write_text("the user's")
+    reused = subprocess.run(cmd + ["--exist-ok", "--save-images", "none"], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert reused.returncode == 0 and json.loads(reused.stdout)["run_dir"].endswith("first")
+    assert not (results / "first" / "images").exists() and (results / "first" / "notes.txt").is_file()
+
+
+def test_crops_and_label_options_of_detect_py(tmp_path, fixtures_dir):
+    """--save-crop cuts each detection out of bus.jpg into crops/<class>/, one file per box."""
+    code, run_dir = run(tmp_path, "--weights", str(fixtures_dir / "yolov5n.pt"), "--source",
+                        str(fixtures_dir / "bus.jpg"), "--save-crop", "--hide-conf", "--line-thickness", "2")
+    assert code == 0
+    detections = load(run_dir, "detections.json")
+    crops = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "crops").rglob("*.jpg"))
+    assert len(crops) == len(detections) > 0 and "crops/bus/bus.jpg" in crops and "crops/person/bus2.jpg" in crops
+    person = cv2.imread(str(run_dir / "crops" / "person" / "bus.jpg"))
+    assert person is not None and person.shape[0] > person.shape[1]  # a standing person: taller than wide
+    assert (run_dir / "images" / "bus.jpg").is_file()
 
 
 def test_duration_ends_a_looping_run_and_counts_only_what_started(tmp_path):

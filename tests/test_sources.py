@@ -53,18 +53,37 @@ def test_directory_sorted_recursive_case_insensitive(image_tree):
 
 
 def test_directory_entries_are_never_skipped_silently(mixed_tree):
+    """Files that are not images or videos are left out and counted, as detect.py leaves them
+    out; a media file that cannot be read is still a failed frame."""
     plan = plan_frames(str(mixed_tree))
     by_name = {item.name: item for item in plan.items}
     assert names(plan) == sorted(by_name)
     assert by_name["nested/clip.avi"].kind == "video" and by_name["nested/clip.avi"].frames == VIDEO_FRAMES
     assert by_name["link.jpg"].kind == "broken"
     assert by_name["link.jpg"].reason == f"broken symlink -> {mixed_tree / 'gone.jpg'}"
-    assert by_name["notes.txt"].reason.startswith("unsupported file type .txt")
-    assert by_name["README"].reason == "unsupported file type (no extension)"
+    assert "notes.txt" not in by_name and "README" not in by_name
     assert not any(name.startswith(".") or "/." in name for name in by_name)
-    assert plan.skipped == ("2 hidden entries (names starting with '.') under .",)
-    assert plan.total == 4 + VIDEO_FRAMES + 3  # every broken entry is one planned (failing) frame
-    assert "hidden" in plan.summary() and "3 broken" in plan.summary()
+    assert plan.skipped == ("2 hidden entries (names starting with '.') under .",
+                            "2 files that are not images or videos (1 (no extension), 1 .txt) under .")
+    assert plan.skipped_files == 2
+    assert plan.total == 4 + VIDEO_FRAMES + 1  # the broken symlink is one planned (failing) frame
+    assert "hidden" in plan.summary() and "1 broken" in plan.summary()
+
+
+def test_a_yolo_dataset_folder_reads_its_images_only(tmp_path):
+    """A YOLO dataset root (images/, labels/*.txt, data.yaml) as --source: its images are the
+    frames, everything else is left out and counted; an image that does not decode still fails."""
+    for split in ("train", "val"):
+        (tmp_path / "images" / split).mkdir(parents=True)
+        (tmp_path / "labels" / split).mkdir(parents=True)
+        for i in range(3):
+            cv2.imwrite(str(tmp_path / "images" / split / f"{i}.jpg"), tiny_image(10 * i))
+            (tmp_path / "labels" / split / f"{i}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (tmp_path / "images" / "val" / "bad.jpg").write_text("not a jpeg")
+    (tmp_path / "data.yaml").write_text("names: [thing]\n")
+    plan = plan_frames(str(tmp_path))
+    assert plan.total == 7 and {item.kind for item in plan.items} == {"image"}  # bad.jpg fails when it is read
+    assert plan.skipped_files == 7 and "7 files that are not images or videos (6 .txt, 1 .yaml)" in plan.summary()
 
 
 def test_directory_symlink_followed_once(image_tree):
@@ -95,7 +114,7 @@ def test_single_files(image_tree, tmp_path):
     item = plan.items[0]
     assert (item.kind, item.frames, plan.total) == ("video", VIDEO_FRAMES, VIDEO_FRAMES)
     assert (item.video.width, item.video.height, item.video.fps, item.video.frames) == (64, 48, 10.0, VIDEO_FRAMES)
-    assert plan.ref(3).name == "clip.mp4:000003" and plan.ref(3).source_index == 3
+    assert plan.ref(3).name == "clip.mp4:000004" and plan.ref(3).source_index == 3  # named from 1
 
 
 def test_unicode_path(tmp_path):
@@ -151,7 +170,7 @@ def test_vid_stride(tmp_path):
     assert plan.total == 3  # frames 0, 5, 10
     assert [plan.ref(i).source_index for i in range(3)] == [0, 5, 10]
     assert [plan.ref(i).index for i in range(3)] == [0, 1, 2]
-    assert plan.ref(2).name == "clip.avi:000010"
+    assert plan.ref(2).name == "clip.avi:000011"
     assert plan.items[0].video.fps == 2.0 and plan.items[0].video.source_fps == 10.0
     assert plan_frames(str(video), vid_stride=VIDEO_FRAMES).total == 1
     with pytest.raises(ValueError, match="vid_stride"):
@@ -205,7 +224,7 @@ def test_camera_and_rtsp_sources_plan_without_opening():
     assert plan.open_ended and plan.pass_len == 0
     plan = plan_frames("rtsp://cam.local/ch1", frames=50)
     assert (plan.total, plan.lengths) == (50, (50,))
-    assert plan.ref(49).name == "cam.local/ch1:000049" and plan.ref(49).kind == "stream"
+    assert plan.ref(49).name == "cam.local/ch1:000050" and plan.ref(49).kind == "stream"
 
 
 def test_live_streams_share_frames(image_tree):

@@ -18,8 +18,8 @@ import pytest
 
 from analysis.sweep import (GAIN_THRESHOLD, Machine, Measurement, Settings, Sweep, SweepInterrupted, mean_fps,
                             propose)
-from analysis.sweep_output import command_line, sweep_csv, sweep_summary, sweep_table
-from analysis.sweep_plot import sweep_png
+from analysis.sweep_output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
+from analysis.sweep_plot import settings_rows, sweep_png
 from workers.config import build_config, config_toml, read_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,18 +172,59 @@ def test_left_over_budget_rematches_a_close_rival_that_an_unlucky_trial_hid():
     assert result.best == batch2
 
 
-@pytest.mark.parametrize("budget_s, trials, confirmed", [(35.0, 2, False), (45.0, 4, True)])
-def test_the_budget_bounds_the_trials_and_an_unconfirmed_gain_is_not_kept(budget_s, trials, confirmed):
+@pytest.mark.parametrize("budget_s, trials, confirmed", [(35.0, 1, False), (45.0, 2, False), (65.0, 6, True)])
+def test_the_budget_keeps_room_for_the_final_check_and_an_unconfirmed_gain_is_not_kept(budget_s, trials, confirmed):
+    """Every step leaves room for the final check's two trials (20 s here) and 2 s for the files."""
     pipeline = FakePipeline(trial_cost_s=10.0)  # batch 2 gains 11 %
     result = sweep_of(pipeline, budget_s=budget_s).run(DEFAULTS_2_CORES)
     assert pipeline.clock.now <= budget_s and result.elapsed_s <= budget_s
-    assert len(result.trials) == trials  # 10 s each, and 2 s kept for writing the files
+    assert len(result.trials) == trials
     assert result.stopped.startswith("budget")
-    if confirmed:  # candidate, then the incumbent and candidate again: 40 s
+    if confirmed:  # candidate, the incumbent and candidate again, then the final check: 60 s
         assert result.best == dataclasses.replace(DEFAULTS_2_CORES, batch_size=2)
-    else:  # a confirmation (20 s) would not fit after 20 s: the gain stays unconfirmed
+        assert [t.purpose for t in result.trials[-2:]] == ["final check", "final check"]
+        assert result.final_ratio > 1 and "confirmed" in result.trials[-1].verdict
+    elif trials == 2:  # a confirmation and the final check (40 s) would not fit after 20 s
         assert result.trials[1].verdict.startswith("unconfirmed") and result.best == DEFAULTS_2_CORES
+    else:  # a candidate (10 s) and the final check (20 s) do not fit after the defaults' 10 s
+        assert result.best == DEFAULTS_2_CORES
     assert result.best_fps >= result.defaults_fps
+
+
+def test_a_winner_slower_in_the_final_check_is_not_named():
+    """Settings that were lucky twice (candidate, confirmation) and slower than the defaults when
+    measured beside them at the end: the defaults stay best, and the verdict says why."""
+    pipeline = FakePipeline()
+    calls: dict = {}
+
+    def lucky_twice(s: Settings, index: int) -> Measurement:
+        calls[s] = calls.get(s, 0) + 1
+        pipeline.clock.now += pipeline.trial_cost_s
+        base = pipeline.fps(DEFAULTS_2_CORES)[0]
+        fps = pipeline.fps(s)[0] if s == DEFAULTS_2_CORES or calls[s] <= 2 else 0.85 * base
+        return pipeline.measurement(s, fps)
+
+    result = Sweep(lucky_twice, Machine(cores=2), 600.0, 8.0, clock=pipeline.clock).run(DEFAULTS_2_CORES)
+    assert result.best == DEFAULTS_2_CORES and result.unconfirmed is not None and result.final_ratio < 1
+    assert "NOT confirmed, the defaults stay best" in result.trials[-1].verdict
+    lines = best_lines(result, None, None)
+    assert any("not confirmed in the final check" in line for line in lines), lines
+
+
+def test_the_sweep_tries_half_where_the_cpu_computes_bf16_and_says_when_nothing_was_stable():
+    pipeline = FakePipeline()
+
+    def unstable(s: Settings, index: int) -> Measurement:
+        return dataclasses.replace(pipeline(s, index), stable=False)
+
+    result = Sweep(unstable, Machine(cores=2, bf16=True), 600.0, 8.0, clock=pipeline.clock).run(DEFAULTS_2_CORES)
+    halves = [t for t in result.trials if t.settings.half]
+    assert halves and "bf16 forwards, native on this CPU" in halves[0].reason
+    assert halves[0].settings.flags()[-1] == "--half" and halves[0].settings.label().endswith(" half")
+    assert result.stable_trials == 0
+    assert any(line.startswith("NONE of the") for line in best_lines(result, None, None))
+    no_bf16 = Sweep(pipeline, Machine(cores=2), 600.0, 8.0, clock=pipeline.clock).run(DEFAULTS_2_CORES)
+    assert not any(t.settings.half for t in no_bf16.trials)  # never emulated
 
 
 def test_best_is_never_slower_than_the_defaults_after_the_final_check():
@@ -279,8 +320,8 @@ def test_sweep_png_is_a_real_png(saturated_result):
 
 def test_the_best_command_line_parses_back_to_the_same_flags():
     from runner import parse_args
-    flags = {"imgsz": 96, "rect": False, "fuse": False, "classes": [0, 2], "conf_thres": 0.3, "half": True,
-             "progress": False, "save_images": "10", "source": "my photos/", **DEFAULTS_2_CORES.as_dict()}
+    flags = {**DEFAULTS_2_CORES.as_dict(), "imgsz": 96, "rect": False, "fuse": False, "classes": [0, 2],
+             "conf_thres": 0.3, "half": True, "progress": False, "save_images": "10", "source": "my photos/"}
     tokens = shlex.split(command_line(flags, "my.toml"))
     assert tokens[:2] == ["python", "runner.py"]
     config_path, parsed = parse_args(tokens[2:])
@@ -302,7 +343,7 @@ def test_a_saved_config_reads_back_to_the_same_settings(tmp_path, repo_root):
 
 @pytest.mark.slow
 def test_a_small_live_sweep_finds_settings_at_least_as_fast_as_the_defaults(tmp_path):
-    budget_s = 50  # two trials even when other jobs slow start-up to ~10 s
+    budget_s = 80  # a candidate and the final check kept free for it, even when other jobs slow start-up
     saved = tmp_path / "best.toml"
     out = subprocess.run([sys.executable, "runner.py", "--sweep", "--sweep-budget-s", str(budget_s), "--imgsz", "96",
                           "--save-images", "none", "--duration", "5", "--results", str(tmp_path / "results"),
@@ -337,3 +378,22 @@ def test_sweep_flags_are_checked_before_anything_starts(flags, message, caplog):
     from runner import main
     assert main(flags) == 2
     assert message in caplog.text
+
+
+def test_sweep_png_marks_a_faster_looking_setting_that_was_not_chosen():
+    """Batch 8 lucky once (+30 %) then slow: its mean beats the best's, it is not chosen; its bar
+    is marked not confirmed and the best's row is on top."""
+    pipeline = FakePipeline()
+    calls: dict = {}
+
+    def lucky_once(s: Settings, index: int) -> Measurement:
+        calls[s] = calls.get(s, 0) + 1
+        pipeline.clock.now += pipeline.trial_cost_s
+        luck = (1.3 if calls[s] == 1 else 0.9) if s.batch_size == 8 else 1.0
+        return pipeline.measurement(s, pipeline.fps(s)[0] * luck)
+
+    result = Sweep(lucky_once, Machine(cores=2), 600.0, 8.0, clock=pipeline.clock).run(DEFAULTS_2_CORES)
+    rows = settings_rows(result)
+    assert rows[-1][0] == result.best and not rows[-1][2]
+    assert 8 in [s.batch_size for s, _, hatched in rows if hatched]  # as are the +2 % ones under the threshold
+    assert sweep_png(result).startswith(PNG_SIGNATURE)

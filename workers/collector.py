@@ -42,7 +42,8 @@ class Collected:
         self.detections = JsonListFile(os.path.join(args.run_dir, "detections.json"), json_text)
         self.predictions = JsonListFile(os.path.join(args.run_dir, "predictions.json"), json_text)
         self.image_error: str | None = None
-        self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every)
+        self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every,
+                                      args.config.draw_options())
         self.views = SlotViews(args.run_tag)
         self.returns = SlotReturns(ctx, args)
         self.bytes_in = self.messages_in = 0
@@ -98,7 +99,7 @@ class Collected:
 
 def environment(cfg, workers: list[dict], startup_s: float) -> dict:
     versions = {name: _version(name) for name in
-                ("torch", "torchvision", "opencv-python-headless", "numpy", "pyzmq", "msgpack", "psutil")}
+                ("torch", "torchvision", "openvino", "opencv-python-headless", "numpy", "pyzmq", "msgpack", "psutil")}
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu_cores": usable_cores(),
             "processor": platform.processor() or platform.machine(), **versions, "libzmq": zmq.zmq_version(),
             "startup_s": startup_s, "devices": list(cfg.devices),
@@ -243,7 +244,8 @@ def _run_data(args, collected: Collected, collector_stats, runner_started_s, fin
         for identity, count in (w.get("resent") or {}).items():
             resent[identity] = resent.get(identity, 0) + count
     restarts = [{**r, "frames_resent": resent.get(f"{r['name']}.{r['incarnation']}", 0)} for r in expected.restarts]
-    sources = _sources(workers, videos)
+    sources = {**_sources(workers, videos), "skipped": list(args.plan.skipped),
+               "skipped_files": args.plan.skipped_files}
     for w in workers:
         if isinstance(w.get("exit_usage"), dict):
             sampler.add_exit_usage(w["name"], w["pid"], w["exit_usage"])

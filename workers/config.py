@@ -18,8 +18,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "pipeline": ("device", "workers", "pre_workers", "infer_workers", "post_workers", "infer_threads",
                  "batch_size", "max_wait_ms", "prefetch", "module_timing", "timing_mode",
                  "trace_module_forwards", "trace_max_frames", "max_restarts", "heartbeat_timeout_s"),
-    "output": ("results", "name", "exist_ok", "save_images", "save_txt", "save_conf", "log_level", "progress",
-               "allow_failures", "json"),
+    "output": ("results", "name", "exist_ok", "save_images", "save_txt", "save_conf", "save_crop", "line_thickness",
+               "hide_labels", "hide_conf", "log_level", "progress", "allow_failures", "json"),
     "transport": ("transport", "tcp_host", "tcp_base_port"),
 }
 MODULE_TIMING = ("none", "layers", "blocks", "leaves")
@@ -28,6 +28,7 @@ TIMING_MODES = ("auto", "cpu", "cuda-sync", "cuda-events")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+MAX_LINE_THICKNESS = 100
 MAX_FRAMES = 100_000_000  # the collector keeps a byte per frame id; use --duration for longer runs
 
 
@@ -80,6 +81,10 @@ class RunConfig:
     save_images: str = "all"  # all | none | N (every N-th frame)
     save_txt: bool = False  # YOLO label files in labels/
     save_conf: bool = False  # with the score in each label line
+    save_crop: bool = False  # each box cut out of the saved frames, in crops/<class>/
+    line_thickness: int = 0  # box line width in pixels; 0: scaled with the image
+    hide_labels: bool = False  # boxes without "name score"
+    hide_conf: bool = False  # labels without the score
     log_level: str = "info"
     progress: bool = True
     allow_failures: bool = False  # exit 0, not 3, when some frames failed
@@ -109,6 +114,8 @@ class RunConfig:
                self.name)
         _check(self.save_txt or not self.save_conf, "save_conf", "save_txt as well (scores go into label files)",
                self.save_conf)
+        _check(0 <= self.line_thickness <= MAX_LINE_THICKNESS, "line_thickness",
+               f"0 (scaled with the image) to {MAX_LINE_THICKNESS} pixels", self.line_thickness)
         _check(self.synthetic_count > 0, "synthetic_count", "> 0", self.synthetic_count)
         for name in ("workers", "pre_workers", "infer_workers", "post_workers", "infer_threads"):
             _check(getattr(self, name) >= 0, name, ">= 0 (0 = automatic)", getattr(self, name))
@@ -142,6 +149,12 @@ class RunConfig:
         return DetectOptions(imgsz=self.imgsz, rect=self.rect, conf_thres=self.conf_thres,
                              iou_thres=self.iou_thres, classes=tuple(self.classes) or None,
                              agnostic=self.agnostic_nms, max_det=self.max_det)
+
+    def draw_options(self):
+        """How boxes are drawn, for postprocess and the collector's video frames."""
+        from yolo.draw import DrawOptions  # imported here: the runner reads configs without OpenCV
+        return DrawOptions(line_width=self.line_thickness or None, hide_labels=self.hide_labels,
+                           hide_conf=self.hide_conf)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

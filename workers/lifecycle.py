@@ -298,8 +298,8 @@ class Heartbeat:
 @dataclass
 class Clock:
     """Splits a worker's wall time into busy, waiting for input and blocked on output, and
-    keeps the CPU time of its busy sections (thread CPU: time-slicing on shared cores inflates
-    wall time, never CPU time)."""
+    keeps the CPU time of its busy sections: the process's, every thread of it (torch's intra-op
+    threads work on the frame too; time-slicing on shared cores inflates wall time, never CPU)."""
 
     started_s: float = field(default_factory=time.perf_counter)
     started_cpu_s: float = field(default_factory=time.process_time)  # all threads of the process
@@ -314,11 +314,11 @@ class Clock:
     def busy(self):
         """Time a section of frame work; yields a list that receives (wall_s, cpu_s) at the end."""
         spent: list[float] = []
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             yield spent
         finally:
-            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             self.busy_s += wall
             self.busy_cpu_s += cpu
             spent.extend((wall, cpu))

@@ -6,6 +6,7 @@ A full disk stops image saving with one logged error: frames are still detected 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import time
@@ -24,8 +25,9 @@ from workers.slots import SlotError, SlotViews
 from workers.transport import DropCounter, ProtocolError, make_socket, send_message
 from yolo.boxes import unreduce_boxes
 from yolo.coco import coco_results
+from yolo.crops import crop_box, crop_paths
 from yolo.detect import annotated_name, detection_records, final_detections
-from yolo.draw import draw_detections
+from yolo.draw import DrawOptions, draw_detections
 from yolo.labels import label_lines, label_path
 from yolo.letterbox import LetterboxInfo
 
@@ -40,7 +42,8 @@ class Outputs:
     def __init__(self, run_dir: str, cfg, log):
         self.images_dir = os.path.join(run_dir, "images")
         self.labels_dir = run_dir  # label_path() starts with labels/
-        self.save_txt, self.save_conf = cfg.save_txt, cfg.save_conf
+        self.run_dir = run_dir
+        self.save_txt, self.save_conf, self.save_crop = cfg.save_txt, cfg.save_conf, cfg.save_crop
         self.log = log
         self.error: str | None = None
         self.saved = 0
@@ -61,6 +64,18 @@ class Outputs:
     def write_labels(self, name: str, lines: list[str]) -> None:
         if self.error is None:
             self._write(os.path.join(self.labels_dir, label_path(name)), "".join(f"{line}\n" for line in lines).encode())
+
+    def save_crops(self, name: str, original: np.ndarray, dets: torch.Tensor, names) -> None:
+        """Each detection cut out of the undrawn frame (``dets`` in its pixels), as detect.py's
+        --save-crop saves them."""
+        rows = dets.tolist()
+        for path, row in zip(crop_paths(name, [int(r[5]) for r in rows], names), rows):
+            crop = crop_box(original, row[:4])
+            if self.error is not None or crop.size == 0:
+                continue
+            ok, encoded = cv2.imencode(".jpg", crop, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+            if ok:
+                self._write(os.path.join(self.run_dir, path), encoded.data)
 
     def _write(self, path: str, data) -> bool:
         try:
@@ -83,7 +98,8 @@ class Outputs:
         self.log.info("%s", self.error)  # the collector reports it once for the whole run
 
 
-def postprocess(msg, views: SlotViews, opts, names, outputs: Outputs, substages: dict, measured: bool) -> dict:
+def postprocess(msg, views: SlotViews, opts, names, outputs: Outputs, substages: dict, measured: bool,
+                draw=None) -> dict:
     """NMS, boxes back to full-size original pixels, labels, and the annotated image (drawn here,
     or, for a video frame, by the collector, which writes frames in order)."""
     h = msg.header
@@ -103,6 +119,8 @@ def postprocess(msg, views: SlotViews, opts, names, outputs: Outputs, substages:
     saved = False
     t_draw = t_nms
     orig = h["px"].get("orig")
+    if first_pass and outputs.save_crop and orig is not None and len(dets):
+        outputs.save_crops(h["name"], views.array(orig, msg.arrays), dets, names)  # a reduced decode: its pixels
     result = {"type": RESULT, "id": h["id"], "name": h["name"], "batch": h["batch"], "cold": bool(h.get("cold")),
               "image_saved": False, "detections": records,
               "predictions": coco_results(records, names) if first_pass else []}
@@ -113,7 +131,7 @@ def postprocess(msg, views: SlotViews, opts, names, outputs: Outputs, substages:
         image = np.array(views.array(orig, msg.arrays))  # a copy: the slot stays as it was if we die
         if image.ndim != 3 or image.shape[:2] != info.original_shape:
             raise SlotError(f"expected the original of shape {info.original_shape}, got {image.shape}")
-        draw_detections(image, dets, names, inplace=True)
+        draw_detections(image, dets, names, inplace=True, **dataclasses.asdict(draw or DrawOptions()))
         t_draw = time.perf_counter()
         saved = outputs.save_image(annotated_name(h["name"], h["cycle"]), image)
     t_end = time.perf_counter()
@@ -141,6 +159,7 @@ def run(args: StageArgs) -> None:
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg = args.config
     opts = cfg.detect_options()
+    draw = cfg.draw_options()
     names = list(args.names)
     drops = DropCounter(log)
     ctx = zmq.Context()
@@ -182,7 +201,7 @@ def run(args: StageArgs) -> None:
                 measured = h["id"] >= cfg.warmup
                 with clock.busy() as spent:
                     try:
-                        result = postprocess(msg, views, opts, names, outputs, substages, measured)
+                        result = postprocess(msg, views, opts, names, outputs, substages, measured, draw)
                         burn_cpu(slow_ms)
                         result["workers"] = {"pre": h.get("pre"), "infer": h.get("infer"), "post": args.name}
                         bytes_out += send_message(results_out, result, token=args.wire.token)

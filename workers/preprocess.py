@@ -184,7 +184,9 @@ def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, resu
         frame = reader.next()
     except FrameReadError as exc:
         ref = exc.ref
-        log.warning("frame %d (%s) failed: %s", ref.frame_id, ref.name, exc.reason)
+        # the frames after a video given up fail for the reason already logged: said once, not per frame
+        log.log(logging.DEBUG if exc.repeat else logging.WARNING, "frame %d (%s) failed: %s", ref.frame_id, ref.name,
+                exc.reason)
         failure = {"type": FAILED, "id": ref.frame_id, "name": ref.name, "stage": "pre", "worker": args.name,
                    "reason": exc.reason, "cycle": ref.cycle}
         if ref.kind in ("video", "stream"):

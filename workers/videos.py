@@ -10,6 +10,7 @@ the frames kept (``--vid-stride``, ``--save-images N``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from yolo.draw import draw_detections
+from yolo.draw import DrawOptions, draw_detections
 
 FOURCC = "mp4v"  # in every OpenCV build, FFmpeg or not
 DEFAULT_FPS = 30.0  # when a capture does not know its rate
@@ -48,9 +49,10 @@ class _Video:
 
 
 class AnnotatedVideos:
-    def __init__(self, run_dir: str, names: list[str], keep_every: int):
+    def __init__(self, run_dir: str, names: list[str], keep_every: int, draw: DrawOptions | None = None):
         self.folder = os.path.join(run_dir, "videos")
         self.names = names
+        self.draw = draw or DrawOptions()
         self.keep_every = max(1, keep_every)
         self.videos: dict[tuple[int, int], _Video] = {}
         self.error: str | None = None
@@ -120,7 +122,7 @@ class AnnotatedVideos:
     def _write(self, entry: _Video, pending: _Pending) -> None:
         image = np.array(pending.pixels())  # a copy: drawing must not touch the lender's slot
         draw_detections(image, np.asarray(pending.detections, dtype=np.float64).reshape(-1, 6), self.names,
-                        inplace=True)
+                        inplace=True, **dataclasses.asdict(self.draw))
         if entry.writer is None:
             os.makedirs(os.path.dirname(entry.path), exist_ok=True)
             entry.size = (image.shape[1], image.shape[0])

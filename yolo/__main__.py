@@ -14,16 +14,19 @@ import torch
 from yolo.checkpoint import CheckpointError, load_model
 from yolo.detect import SEQUENTIAL_STAGES, DetectOptions, run_sequential, write_json
 from yolo.devices import resolve_device
+from yolo.downloads import DownloadFolder
+from yolo.helpformat import DefaultsHelpFormatter
 from yolo.imageio import DEFAULT_MAX_PIXELS, DECODE_MODES, DecodeOptions
 from yolo.openvino_model import OpenVinoError, OpenVinoModel
 from yolo.precision import choose_precision
 from yolo.sources import plan_frames
+from yolo.streams import StreamOptions
 
 log = logging.getLogger("yolo")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m yolo", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m yolo", description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.add_argument("--weights", default=None, help="YOLOv5 checkpoint (.pt); default: random-weight --preset")
     p.add_argument("--preset", default="yolov5n", help="model built with random weights when --weights is absent")
     p.add_argument("--source", default="synthetic",
@@ -33,18 +36,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="'reduced': decode large JPEGs at 1/2, 1/4 or 1/8 size (boxes are mapped back)")
     p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                    help="refuse images with more pixels than this, before decoding them")
-    p.add_argument("--imgsz", type=int, default=640, help="letterbox size (long side in --rect mode)")
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=640, help="letterbox size (long side in --rect mode)")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--rect", dest="rect", action="store_const", const=True, default=True,
-                       help="pad the short side only to a multiple of the stride (default, as runner.py)")
+                       help="pad the short side only to a multiple of the stride, as runner.py")
     shape.add_argument("--square", dest="rect", action="store_const", const=False,
                        help="pad to a fixed imgsz x imgsz square")
-    p.add_argument("--conf-thres", type=float, default=0.25)
-    p.add_argument("--iou-thres", type=float, default=0.45)
-    p.add_argument("--max-det", type=int, default=1000)
+    p.add_argument("--conf-thres", "--conf", dest="conf_thres", type=float, default=0.25,
+                   help="keep boxes scoring at least this")
+    p.add_argument("--iou-thres", "--iou", dest="iou_thres", type=float, default=0.45,
+                   help="NMS drops a box overlapping a better one of its class by more than this IoU")
+    p.add_argument("--max-det", type=int, default=1000, help="keep at most this many boxes per image")
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="NMS across classes")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or N for cuda:N")
     p.add_argument("--backend", choices=("torch", "openvino"), default="torch",
                    help="what runs the forward: torch, or OpenVINO on the CPU (the model converted once, cached)")
     p.add_argument("--half", action="store_true",
@@ -68,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with DownloadFolder() as download_dir:  # a video URL fetched whole lives there until the end
+        return detect(args, download_dir)
+
+
+def detect(args: argparse.Namespace, download_dir: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         check_save_options(args)
@@ -77,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                              iou_thres=args.iou_thres, classes=tuple(args.classes) if args.classes else None,
                              agnostic=args.agnostic_nms, max_det=args.max_det)
         decode = DecodeOptions(args.decode, args.imgsz, args.max_pixels)
-        plan = plan_frames(args.source, args.frames, vid_stride=args.vid_stride)
+        plan = plan_frames(args.source, args.frames, vid_stride=args.vid_stride,
+                           streams=StreamOptions(download_dir=download_dir))
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"--threads: expected >= 1, got {args.threads}")

@@ -29,7 +29,7 @@ def category_ids(names: Sequence[str]) -> list[int]:
 def image_id(name: str) -> int | str:
     """The COCO ``image_id`` of a frame name: the file stem as an int when it is all digits
     (``"val2017/000000397133.jpg"`` -> ``397133``), else the stem (``"bus.jpg"`` -> ``"bus"``).
-    A video frame's stem is its label file's (``"clip.mp4:000017"`` -> ``"clip_18"``, the frame
+    A video frame's stem is its label file's (``"clip.mp4:000017"`` -> ``"clip_17"``, the frame
     counted from 1 as detect.py does), so one frame has one name in both outputs."""
     stem = os.path.basename(frame_stem(name))
     return int(stem) if stem.isascii() and stem.isdigit() else stem

@@ -10,15 +10,17 @@ def available_devices() -> list[str]:
 
 
 def resolve_device(spec: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N``; never a silent fall-back to the CPU."""
+    """``cpu``, ``cuda``, ``cuda:N`` or a bare ``N`` (Ultralytics' ``--device 0``); never a silent
+    fall-back to the CPU."""
+    spec = f"cuda:{spec.strip()}" if spec.strip().isdigit() else spec
     try:
         device = torch.device(spec)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device: expected cpu, cuda or cuda:N, got {spec!r}") from None
+        raise ValueError(f"device: expected cpu, cuda, cuda:N or N, got {spec!r}") from None
     if device.type == "cpu":
         return device
     if device.type != "cuda":
-        raise ValueError(f"device: expected cpu, cuda or cuda:N, got {spec!r}")
+        raise ValueError(f"device: expected cpu, cuda, cuda:N or N, got {spec!r}")
     if not torch.cuda.is_available():
         raise ValueError(f"device {spec!r} requested but CUDA is not available here; "
                          f"available devices: {', '.join(available_devices())}")

@@ -5,12 +5,22 @@ filled label background, so it would need two conversions per frame and look dif
 
 import colorsys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
 _GOLDEN_RATIO_CONJUGATE = 0.618033988749895
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+@dataclass(frozen=True)
+class DrawOptions:
+    """Ultralytics' ``--line-thickness``, ``--hide-labels`` and ``--hide-conf``."""
+
+    line_width: int | None = None  # None: scaled with the image size
+    hide_labels: bool = False  # boxes only
+    hide_conf: bool = False  # "name" instead of "name score"
 
 
 def class_color(class_id: int) -> tuple[int, int, int]:
@@ -38,9 +48,9 @@ def _text_color(background: tuple[int, int, int]) -> tuple[int, int, int]:
     return (0, 0, 0) if luma > 150 else (255, 255, 255)
 
 
-def _label(class_id: int, score: float, names: Sequence[str]) -> str:
+def _label(class_id: int, score: float, names: Sequence[str], hide_conf: bool = False) -> str:
     name = names[class_id] if 0 <= class_id < len(names) else str(class_id)
-    return f"{name} {score:.2f}"
+    return name if hide_conf else f"{name} {score:.2f}"
 
 
 def draw_detections(
@@ -49,6 +59,8 @@ def draw_detections(
     names: Sequence[str],
     line_width: int | None = None,
     inplace: bool = False,
+    hide_labels: bool = False,
+    hide_conf: bool = False,
 ) -> np.ndarray:
     """Draw boxes with ``"name score"`` labels on an image.
 
@@ -59,6 +71,8 @@ def draw_detections(
         names (Sequence[str]): class names; ids outside it are labelled with the id.
         line_width (int | None): box thickness; by default scaled with the image size.
         inplace (bool): draw on ``image`` itself instead of a copy.
+        hide_labels (bool): boxes only, no label.
+        hide_conf (bool): labels with the class name only, no score.
 
     Returns:
         np.ndarray[H, W, 3]: the image with detections drawn (``image`` when ``inplace``).
@@ -81,7 +95,9 @@ def draw_detections(
         top_left = (int(round(x1)), int(round(y1)))
         bottom_right = (int(round(x2)), int(round(y2)))
         cv2.rectangle(image, top_left, bottom_right, color, thickness, cv2.LINE_AA)
-        label = _label(class_id, float(score), names)
+        if hide_labels:
+            continue
+        label = _label(class_id, float(score), names, hide_conf)
         (text_w, text_h), baseline = cv2.getTextSize(label, _FONT, font_scale, font_thickness)
         box_h = text_h + baseline + 2
         left = min(max(top_left[0], 0), max(w - text_w, 0))

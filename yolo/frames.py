@@ -45,8 +45,9 @@ class FrameRef:
     Attributes:
         frame_id (int): unique within the run.
         kind (str): one of :data:`FRAME_KINDS`; ``"broken"`` frames always fail with ``reason``.
-        name (str): relative, file-system-safe name: ``"a/b.jpg"``, ``"clip.mp4:000034"`` (the
-            number is the source frame number), ``"camera0:000017"`` (the number is ``index``),
+        name (str): relative, file-system-safe name: ``"a/b.jpg"``, ``"clip.mp4:000035"`` (the
+            source frame number counted from 1, as detect.py counts), ``"camera0:000018"``
+            (``index + 1``),
             ``"synthetic/00017.jpg"``. URLs are named without scheme and credentials.
         item (int): index of the item in :attr:`yolo.plans.FramePlan.items`.
         index (int): position of the frame within its item, after ``vid_stride``: 0 for an
@@ -101,15 +102,18 @@ class FrameReadError(ValueError):
     Attributes:
         reason (str): the message, naming the file or stream and what went wrong.
         ref (FrameRef | None): the frame; set by the readers of :mod:`yolo.reader`.
+        repeat (bool): the reason was given already for an earlier frame of the same video
+            (one that was given up), so a log need not say it again.
     """
 
-    def __init__(self, reason: str, ref: FrameRef | None = None) -> None:
+    def __init__(self, reason: str, ref: FrameRef | None = None, repeat: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.ref = ref
+        self.repeat = repeat
 
     def __reduce__(self):
-        return type(self), (self.reason, self.ref)
+        return type(self), (self.reason, self.ref, self.repeat)
 
 
 class StreamError(RuntimeError):

@@ -20,13 +20,14 @@ def frame_stem(name: str) -> str:
 
     ``"bus.jpg"`` -> ``"bus"``; ``"dir/x.png"`` -> ``"dir/x"`` (detect.py reads a folder without
     recursing, so it has no such case; keeping the folder keeps two ``x.png`` apart);
-    ``"clip.mp4:000017"`` -> ``"clip_18"``: detect.py appends the video frame counted from 1.
+    ``"clip.mp4:000017"`` -> ``"clip_17"``: the frame's number, counted from 1 in the name as
+    detect.py counts it.
     """
     video = split_video_frame(name)
     if video is None:
         return os.path.splitext(name)[0]
     path, index = video
-    return f"{os.path.splitext(path)[0]}_{index + 1}"
+    return f"{os.path.splitext(path)[0]}_{index}"
 
 
 def label_path(name: str) -> str:

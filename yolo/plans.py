@@ -109,7 +109,8 @@ class FramePlan:
         vid_stride (int): every ``vid_stride``-th frame of videos and live streams is read.
         root (str): names of file frames are relative to this directory; ``''`` otherwise.
         skipped (tuple[str, ...]): what was left out on purpose (hidden entries, directories
-            reached twice), for the run's log.
+            reached twice, files that are not images or videos), for the run's log.
+        skipped_files (int): files of a directory left out for not being images or videos.
     """
 
     source: str
@@ -119,6 +120,7 @@ class FramePlan:
     vid_stride: int = 1
     root: str = ""
     skipped: tuple[str, ...] = ()
+    skipped_files: int = 0
 
     @property
     def open_ended(self) -> bool:
@@ -163,11 +165,13 @@ class FramePlan:
         the live frames they read."""
         source = self.items[item]
         name = source.name
+        # A video's or stream's frame is named with its number counted from 1, as detect.py
+        # numbers them (labels/clip_1.txt): one numbering in every output file.
         if source.kind == "video":
             source_index = index * self.vid_stride
-            name = f"{source.name}:{source_index:06d}"
+            name = f"{source.name}:{source_index + 1:06d}"
         elif source.kind == "stream":
-            name = f"{source.name}:{index:06d}"
+            name = f"{source.name}:{index + 1:06d}"
         elif source.kind == "synthetic":
             source_index = item
         else:

@@ -100,7 +100,8 @@ class FrameReader:
 
     def _read_video(self, ref: FrameRef) -> Frame:
         if ref.location in self._given_up:
-            raise FrameReadError(f"video {_item_name(ref)} was given up: {self._given_up[ref.location]}")
+            raise FrameReadError(f"video {_item_name(ref)} was given up: {self._given_up[ref.location]}",
+                                 repeat=True)
         try:
             video = self._open_video(ref)
             image = video.read(ref.source_index)

@@ -6,12 +6,15 @@ Sources (:func:`plan_frames`):
 - an image file (:data:`IMAGE_EXTENSIONS`) or a video file (:data:`VIDEO_EXTENSIONS`).
 - a directory, searched recursively, following directory symlinks (a directory reached twice,
   e.g. through a symlink loop, is listed once). Images are images and videos are read frame by
-  frame; every other entry still becomes an item, of kind ``"broken"``, that yields one failed
-  frame with its reason: ``"broken symlink -> target"``, ``"unsupported file type .txt"``,
-  ``"unreadable file (permission denied)"``, ``"not a regular file"``, ``"cannot open video"``,
-  ``"cannot list directory (...)"``. Hidden entries (names starting with ``.``: ``.git``,
-  ``.DS_Store``, ``._x.jpg``) are left out, as ``ls`` and ``glob`` leave them out, and counted
-  in :attr:`FramePlan.skipped <yolo.plans.FramePlan.skipped>` with the directories listed twice.
+  frame. Files whose extension is neither an image's nor a video's (a YOLO dataset's
+  ``labels/*.txt`` and ``data.yaml``) are left out, as detect.py leaves them out, and counted
+  (:attr:`FramePlan.skipped_files <yolo.plans.FramePlan.skipped_files>`). Every other entry
+  still becomes an item, of kind ``"broken"``, that yields one failed frame with its reason:
+  ``"broken symlink -> target"``, ``"unreadable file (permission denied)"``, ``"not a regular
+  file"``, ``"cannot open video"``, ``"cannot decode"`` (later, when read), ``"cannot list
+  directory (...)"``. Hidden entries (names starting with ``.``: ``.git``, ``.DS_Store``,
+  ``._x.jpg``) are left out, as ``ls`` and ``glob`` leave them out, and counted in
+  :attr:`FramePlan.skipped <yolo.plans.FramePlan.skipped>` with the directories listed twice.
 - a glob (``data/**/*.jpg``): the files it matches, classified like a directory's entries; the
   directories it matches are ignored (``**`` descends).
 - a ``.txt`` list: one source per line (blank lines and ``#`` comments ignored): a path
@@ -21,6 +24,8 @@ Sources (:func:`plan_frames`):
   made of digits is always a camera; write ``./0`` for a file named ``0``.
 - a URL of :data:`yolo.streams.URL_SCHEMES`. An http(s) URL is opened once here: with a known
   frame count it is a video, read frame by frame like a file; without one it is a live stream.
+  A video from a server that does not answer Range requests is downloaded first where the
+  caller gives ``StreamOptions.download_dir`` (see :mod:`yolo.downloads`).
   Other schemes (rtsp, rtmp, ...) are live streams and are not opened here.
 
 A source that names nothing usable (a missing path, an empty directory, an unsupported or
@@ -33,8 +38,10 @@ shares: see :mod:`yolo.plans`); :class:`~yolo.reader.ShareReader` reads one work
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
+from yolo.downloads import download, probe_ranges
 from yolo.frames import FrameReadError, FrameRef
 from yolo.plans import FramePlan, SourceItem, plan_lengths
 from yolo.reader import FrameReader, ShareReader
@@ -51,7 +58,7 @@ GLOB_CHARS = frozenset("*?[")
 
 def split_video_frame(name: str) -> tuple[str, int] | None:
     """``"clip.mp4:000017"`` (a video frame's name, see :meth:`FramePlan.ref`) -> ``("clip.mp4", 17)``,
-    the frame's 0-based index in the video; None for any other frame name."""
+    the frame's number in the video counted from 1; None for any other frame name."""
     video, sep, index = name.rpartition(":")
     if not (sep and video and index.isascii() and index.isdigit()):
         return None
@@ -84,9 +91,18 @@ def _video_item(location: str, name: str, vid_stride: int, options: StreamOption
 
 
 def _url_item(url: str, vid_stride: int, options: StreamOptions) -> SourceItem:
-    if url.partition("://")[0].lower() in FILE_URL_SCHEMES:
+    if url.partition("://")[0].lower() not in FILE_URL_SCHEMES:
+        return SourceItem("stream", url, url_name(url), None)
+    probe = probe_ranges(url, options.open_timeout_ms / 1000) if options.download_dir else None
+    if probe is None or not probe.must_download:
         return _video_item(url, url_name(url), vid_stride, options)
-    return SourceItem("stream", url, url_name(url), None)
+    try:
+        path = download(url, options.download_dir, probe.length, options.read_timeout_ms / 1000)
+    except OSError as exc:
+        return _broken(url, url_name(url), f"the server does not answer Range requests, so the video is downloaded "
+                                           f"first, and that failed: {exc}")
+    item = _video_item(path, url_name(url), vid_stride, options)
+    return item if item.kind != "broken" else dataclasses.replace(item, location=url)
 
 
 def _file_item(path: str, root: str, vid_stride: int, options: StreamOptions) -> SourceItem:
@@ -109,9 +125,11 @@ def _file_item(path: str, root: str, vid_stride: int, options: StreamOptions) ->
     return _broken(path, name, f"unsupported file type {extension or '(no extension)'}{suffix}")
 
 
-def _walk(directory: str, root: str, vid_stride: int, options: StreamOptions) -> tuple[list[SourceItem], list[str]]:
-    """The items under ``directory`` sorted by name, and notes on what was left out."""
-    items, skipped, hidden = [], [], 0
+def _walk(directory: str, root: str, vid_stride: int, options: StreamOptions
+          ) -> tuple[list[SourceItem], list[str], int]:
+    """The items under ``directory`` sorted by name, notes on what was left out, and how many
+    files were left out for not being images or videos."""
+    items, skipped, hidden, not_media = [], [], 0, {}
     seen = {os.path.realpath(directory)}
 
     def unlistable(error: OSError) -> None:
@@ -131,13 +149,20 @@ def _walk(directory: str, root: str, vid_stride: int, options: StreamOptions) ->
                 kept.append(name)
         dirs[:] = sorted(kept)
         for name in files:
+            extension = os.path.splitext(name)[1].lower()
             if name.startswith("."):
                 hidden += 1
+            elif extension not in IMAGE_EXTENSIONS and extension not in VIDEO_EXTENSIONS:
+                not_media[extension or "(no extension)"] = not_media.get(extension or "(no extension)", 0) + 1
             else:
                 items.append(_file_item(os.path.join(folder, name), root, vid_stride, options))
+    where = _relative_name(directory, root)
     if hidden:
-        skipped.append(f"{hidden} hidden entries (names starting with '.') under {_relative_name(directory, root)}")
-    return sorted(items, key=lambda item: item.name), skipped
+        skipped.append(f"{hidden} hidden entries (names starting with '.') under {where}")
+    if not_media:
+        kinds = ", ".join(f"{n} {ext}" for ext, n in sorted(not_media.items(), key=lambda kv: (-kv[1], kv[0])))
+        skipped.append(f"{sum(not_media.values())} files that are not images or videos ({kinds}) under {where}")
+    return sorted(items, key=lambda item: item.name), skipped, sum(not_media.values())
 
 
 def _glob_root(pattern: str) -> str:
@@ -157,7 +182,7 @@ def _glob_items(pattern: str, root: str, vid_stride: int, options: StreamOptions
     return sorted((_file_item(p, root, vid_stride, options) for p in files), key=lambda item: item.name)
 
 
-def _list_items(path: str, vid_stride: int, options: StreamOptions) -> tuple[list[SourceItem], list[str]]:
+def _list_items(path: str, vid_stride: int, options: StreamOptions) -> tuple[list[SourceItem], list[str], int]:
     """The items of a ``.txt`` list, in its order."""
     root = os.path.dirname(path)
     try:
@@ -165,7 +190,7 @@ def _list_items(path: str, vid_stride: int, options: StreamOptions) -> tuple[lis
             lines = [line.strip() for line in f]
     except (OSError, UnicodeDecodeError) as error:
         raise ValueError(f"expected a readable UTF-8 list file, got {path!r} ({error})") from None
-    items, skipped = [], []
+    items, skipped, not_media = [], [], 0
     for entry in (line for line in lines if line and not line.startswith("#")):
         if is_camera(entry):
             items.append(SourceItem("stream", entry, stream_name(entry), None))
@@ -178,14 +203,15 @@ def _list_items(path: str, vid_stride: int, options: StreamOptions) -> tuple[lis
             matched = _glob_items(target, root, vid_stride, options)
             items.extend(matched or [_broken(target, _relative_name(target, root), "glob matched no file")])
         elif os.path.isdir(target):
-            found, notes = _walk(target, root, vid_stride, options)
+            found, notes, left_out = _walk(target, root, vid_stride, options)
             items.extend(found or [_broken(target, _relative_name(target, root), "directory holds no entry")])
             skipped.extend(notes)
+            not_media += left_out
         else:
             items.append(_file_item(os.path.abspath(target), root, vid_stride, options))
     if not items:
         raise ValueError(f"expected list file {path!r} to name at least one source, got none")
-    return items, skipped
+    return items, skipped, not_media
 
 
 def _single_file_items(path: str, vid_stride: int, options: StreamOptions) -> list[SourceItem]:
@@ -202,25 +228,25 @@ def _single_file_items(path: str, vid_stride: int, options: StreamOptions) -> li
 
 
 def _discover(source: str, synthetic_count: int, vid_stride: int, options: StreamOptions
-              ) -> tuple[list[SourceItem], str, list[str]]:
-    """``(items, root, skipped)`` of ``source``; names are relative to ``root``."""
+              ) -> tuple[list[SourceItem], str, list[str], int]:
+    """``(items, root, skipped, skipped_files)`` of ``source``; names are relative to ``root``."""
     if source == SYNTHETIC_SOURCE:
         if isinstance(synthetic_count, bool) or not isinstance(synthetic_count, int) or synthetic_count <= 0:
             raise ValueError(f"expected synthetic_count to be an int > 0, got {synthetic_count!r}")
-        return [SourceItem("synthetic", "", f"synthetic/{i:05d}.jpg", 1) for i in range(synthetic_count)], "", []
+        return [SourceItem("synthetic", "", f"synthetic/{i:05d}.jpg", 1) for i in range(synthetic_count)], "", [], 0
     if is_camera(source):
-        return [SourceItem("stream", source, stream_name(source), None)], "", []
+        return [SourceItem("stream", source, stream_name(source), None)], "", [], 0
     if is_url(source):
         item = _url_item(source, vid_stride, options)
         if item.kind == "broken":
             raise ValueError(f"expected a URL OpenCV can open, got {item.name}: {item.reason}")
-        return [item], "", []
+        return [item], "", [], 0
     if GLOB_CHARS & set(source) and not os.path.exists(source):
         root = _glob_root(source)
         items = _glob_items(source, root, vid_stride, options)
         if not items:
             raise ValueError(f"expected glob {source!r} to match files, got none")
-        return items, root, []
+        return items, root, [], 0
     path = os.path.abspath(source)
     if os.path.islink(path) and not os.path.exists(path):
         raise ValueError(f"expected an existing source, got broken symlink {source!r} -> {os.readlink(path)}")
@@ -228,15 +254,15 @@ def _discover(source: str, synthetic_count: int, vid_stride: int, options: Strea
         raise ValueError(f"expected {SYNTHETIC_SOURCE!r}, a directory, an image, a video, a list, a glob, a URL "
                          f"or a camera index, got nonexistent path {source!r}")
     if os.path.isdir(path):
-        items, skipped = _walk(path, path, vid_stride, options)
+        items, skipped, not_media = _walk(path, path, vid_stride, options)
         if not items:
-            raise ValueError(f"expected directory {source!r} to contain files, got none"
+            raise ValueError(f"expected directory {source!r} to contain images or videos, got none"
                              + (f" ({'; '.join(skipped)})" if skipped else ""))
-        return items, path, skipped
+        return items, path, skipped, not_media
     if os.path.splitext(path)[1].lower() in LIST_EXTENSIONS:
-        items, skipped = _list_items(path, vid_stride, options)
-        return items, os.path.dirname(path), skipped
-    return _single_file_items(path, vid_stride, options), os.path.dirname(path), []
+        items, skipped, not_media = _list_items(path, vid_stride, options)
+        return items, os.path.dirname(path), skipped, not_media
+    return _single_file_items(path, vid_stride, options), os.path.dirname(path), [], 0
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -265,6 +291,6 @@ def plan_frames(source: str, frames: int | None = None, synthetic_count: int = 6
     if frames is not None:
         _check_int("frames", frames, 1)
     _check_int("vid_stride", vid_stride, 1)
-    items, root, skipped = _discover(source, synthetic_count, vid_stride, streams or StreamOptions())
+    items, root, skipped, not_media = _discover(source, synthetic_count, vid_stride, streams or StreamOptions())
     lengths, total = plan_lengths(items, frames)
-    return FramePlan(source, tuple(items), tuple(lengths), total, vid_stride, root, tuple(skipped))
+    return FramePlan(source, tuple(items), tuple(lengths), total, vid_stride, root, tuple(skipped), not_media)

@@ -52,6 +52,8 @@ class StreamOptions:
         reconnect_attempts (int): reconnects in a row without a new frame before giving up.
         reconnect_backoff_s (float): wait before the first reconnect; doubles after each.
         reconnect_backoff_max_s (float): the longest wait between reconnects.
+        download_dir (str): where planning downloads a video URL whose server does not answer
+            Range requests (see :mod:`yolo.downloads`); "" reads every URL as it streams.
     """
 
     open_timeout_ms: int = STREAM_OPEN_TIMEOUT_MS
@@ -59,6 +61,7 @@ class StreamOptions:
     reconnect_attempts: int = STREAM_RECONNECT_ATTEMPTS
     reconnect_backoff_s: float = STREAM_RECONNECT_BACKOFF_S
     reconnect_backoff_max_s: float = STREAM_RECONNECT_BACKOFF_MAX_S
+    download_dir: str = ""
 
     def __post_init__(self) -> None:
         for name in ("open_timeout_ms", "read_timeout_ms"):
