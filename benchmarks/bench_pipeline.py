@@ -84,6 +84,7 @@ class Settings:
     device: str
     batch_size: int
     pipeline_args: tuple[str, ...]
+    backend: str
     out: str | None
     quick: bool
 
@@ -147,6 +148,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--batch-size", type=int, default=1, help="the pipeline's and the bare loop's batch")
     p.add_argument("--pipeline-args", default="", help="extra runner.py flags, e.g. '--workers 2'")
+    p.add_argument("--backend", choices=("torch", "openvino"), default="torch",
+                   help="the backend of the pipeline and python -m yolo contenders; with openvino, python -m yolo "
+                        "on torch fp32 runs beside them as the baseline")
     p.add_argument("--out", help="write every figure to this JSON file")
     p.add_argument("--quick", action="store_true",
                    help=f"smoke configuration ({', '.join(f'{k} {v}' for k, v in QUICK.items())}): checks the "
@@ -159,7 +163,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         rounds=args.rounds if args.rounds is not None else base["rounds"],
         span_s=args.span_s if args.span_s is not None else base["span_s"],
         imgsz=args.imgsz, rect=args.rect, save_images=args.save_images, device=args.device,
-        batch_size=args.batch_size, pipeline_args=tuple(args.pipeline_args.split()), out=args.out, quick=args.quick)
+        batch_size=args.batch_size, pipeline_args=tuple(args.pipeline_args.split()), backend=args.backend,
+        out=args.out, quick=args.quick)
     check_settings(p, settings)
     return settings
 
@@ -207,6 +212,8 @@ def contenders(s: Settings, frames_dir: str) -> list[Contender]:
     pipeline = (*runner, "--weights", s.weights, "--save-images", "all" if s.save_images else "none",
                 *s.pipeline_args)
     half = "fp16" if s.device.startswith("cuda") else "bf16"
+    if s.backend != "torch":
+        return backend_contenders(s, yolo, pipeline, half)
     return [
         Contender("bare_fp32", f"bare model loop fp32, batch {s.batch_size}", "loop", bare),
         Contender("bare_half", f"bare model loop {half}, batch {s.batch_size}", "loop", (*bare, "--half"), half=True),
@@ -219,6 +226,21 @@ def contenders(s: Settings, frames_dir: str) -> list[Contender]:
                   (*runner, "--preset", "none", "--save-images", "none", *s.pipeline_args)),
         Contender("decode", f"decode+letterbox, {usable_cores()} processes", "loop",
                   (py, "benchmarks/loops.py", "decode", "--source", frames_dir, *shape)),
+    ]
+
+
+def backend_contenders(s: Settings, yolo: tuple, pipeline: tuple, half: str) -> list[Contender]:
+    """Another backend's pipeline and sequential detector, fp32 and --half, beside the sequential
+    detector on torch fp32, the baseline its goals are quoted against."""
+    flag = ("--backend", s.backend)
+    return [
+        Contender("yolo_torch_fp32", "python -m yolo fp32 (torch)", "yolo", yolo),
+        Contender("yolo_fp32", f"python -m yolo --backend {s.backend} fp32", "yolo", (*yolo, *flag)),
+        Contender("yolo_half", f"python -m yolo --backend {s.backend} --half", "yolo", (*yolo, *flag, "--half"),
+                  half=True),
+        Contender("pipeline_fp32", f"pipeline --backend {s.backend} fp32", "pipeline", (*pipeline, *flag)),
+        Contender("pipeline_half", f"pipeline --backend {s.backend} --half ({half})", "pipeline",
+                  (*pipeline, *flag, "--half"), half=True),
     ]
 
 
@@ -361,6 +383,8 @@ def pipeline_result(m: Measured) -> dict:
 
 
 RATIOS = (  # key, numerator, denominator, the setting the issue's target is quoted at (None: any)
+    ("pipeline_fp32/yolo_torch_fp32", "pipeline_fp32", "yolo_torch_fp32", None),
+    ("pipeline_half/yolo_torch_fp32", "pipeline_half", "yolo_torch_fp32", None),
     ("pipeline_half/yolo_fp32", "pipeline_half", "yolo_fp32", ("square", True)),
     ("pipeline_half/yolo_half", "pipeline_half", "yolo_half", ("square", True)),
     ("pipeline_fp32/yolo_fp32", "pipeline_fp32", "yolo_fp32", ("rect", True)),
@@ -375,6 +399,8 @@ def ratios(measured: list[Measured], unavailable: dict[str, str], s: Settings) -
     per_round = {m.contender.key: [round_fps(runs) for runs in m.rounds] for m in measured}
     result = {}
     for key, top, bottom, target in RATIOS:
+        if any(k not in per_round and k not in unavailable for k in (top, bottom)):
+            continue  # a contender this run does not have
         entry: dict = {"numerator": top, "denominator": bottom}
         if target:
             shape, saved = target
