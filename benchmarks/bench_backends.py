@@ -2,8 +2,12 @@
 and bf16 (where the CPU has it), at each thread count, and what module timing costs on each
 (TimedModule on torch, PERF_COUNT counters on OpenVINO).
 
-    python benchmarks/bench_backends.py                       # 640 rect, 1 and 2 threads
-    python benchmarks/bench_backends.py --square --threads 1 --forwards 20 --rounds 5
+    python benchmarks/bench_backends.py                       # 640 rect, 1 thread
+    python benchmarks/bench_backends.py --square --forwards 20 --rounds 5
+
+One thread by default, as each pipeline inference process runs: with more, torch's OpenMP pool
+and OpenVINO's TBB pool share one process and spin against each other (torch at 2 threads read
+10x slower here beside OpenVINO), which no pipeline process does.
 
 Every variant is built once; rounds run every variant ``--forwards`` times in a rotating order,
 so drift hits all alike. Reported: the median over rounds of ms per forward, and ratios of
@@ -44,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--rect", dest="rect", action="store_true", default=True)
     shape.add_argument("--square", dest="rect", action="store_false")
-    p.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
+    p.add_argument("--threads", default="1", help="thread counts, e.g. 1,2 (see above before using more than 1)")
     p.add_argument("--forwards", type=int, default=10, help="timed forwards per variant and round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out")
