@@ -80,6 +80,10 @@ class Launcher:
         self.processes[name] = process
         self.incarnations[name] = incarnation
 
+    def pid(self, name: str) -> int:
+        process = self.processes.get(name)
+        return (process.pid or 0) if process is not None else 0
+
     def incarnation(self, name: str) -> int:
         return self.incarnations.get(name, 0)
 

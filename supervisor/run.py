@@ -16,7 +16,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import socket as socket_module
 import time
 from dataclasses import dataclass, field
@@ -27,22 +26,19 @@ from analysis.atomic import write_bytes_atomic
 from supervisor.console import Console, ConsoleHandler
 from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
-from supervisor.processes import Launcher, role_of
+from supervisor.processes import Launcher
 from supervisor.signals import EXIT_CODES, Interrupts
+from supervisor.watch import Watch
 from workers.config import RunConfig
 from workers.lifecycle import (LOG_FORMAT, Endpoints, StageArgs, Wire, make_endpoints, make_ipc_dir,
                                remove_stale_ipc_dirs)
-from workers.messages import DRAIN, FINISHED, HEARTBEAT, PEER_GONE, PROGRESS, STOP, validate
+from workers.messages import FINISHED, HEARTBEAT, PROGRESS, STOP, validate
 from workers.slots import remove_segments, remove_stale_segments
 from workers.transport import REPORT_LIMITS, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
 log = logging.getLogger("runner")
 
 POLL_TIMEOUT_MS = 100
-NOTICE_RESEND_S = 1.0  # PUB/SUB may drop a message to a late subscriber: repeat drain/stop
-DRAIN_TIMEOUT_S = 5.0  # after Ctrl-C/SIGTERM: frames in flight get this long to finish
-STOP_GIVE_UP_S = 15.0  # after a stop, wait this long for the collector's report, then end it all
-STALL_TIMEOUT_S = 300.0  # no frame finished for this long while all processes live and answer
 
 EXIT_OK = 0
 EXIT_ABORTED = 1
@@ -64,144 +60,6 @@ class Outcome:
     report_written: bool = False
     restarts: list = field(default_factory=list)
     dropped_messages: dict = field(default_factory=dict)  # {"kind": count} the runner itself dropped
-
-
-class Watch:
-    """The runner's state while the run goes: its phase, why it is stopping, what it restarted."""
-
-    def __init__(self, cfg: RunConfig, launcher: Launcher, health: Health, control_out, token: bytes,
-                 interrupts: Interrupts, console: Console):
-        self.cfg, self.launcher, self.health = cfg, launcher, health
-        self.control_out, self.token = control_out, token
-        self.interrupts, self.console = interrupts, console
-        self.phase = "running"  # running -> draining -> stopping -> done
-        self.phase_since = time.perf_counter()
-        self.reason: str | None = None
-        self.aborted = False
-        self.kill_all = False  # end every process at once instead of letting them report
-        self.finished: dict | None = None
-        self.restarts: dict[str, int] = {}
-        self.restart_log: list[dict] = []
-        self.seen_interrupts = 0
-        self.last_notice_s = 0.0
-        self.last_done, self.last_change_s = -1, time.perf_counter()
-        self.first_frame_s: float | None = None
-        self.duration_ended = False  # a --duration run: frames never read are not counted
-        self.drops = DropCounter(log)  # messages the runner refused (bad token, schema, size)
-
-    # -- notices to every process ------------------------------------------------------------------
-    def broadcast(self, header: dict) -> None:
-        send_message(self.control_out, header, token=self.token)
-
-    def enter(self, phase: str, reason: str) -> None:
-        if ["running", "draining", "stopping", "done"].index(phase) <= ["running", "draining", "stopping",
-                                                                         "done"].index(self.phase):
-            return
-        self.phase, self.phase_since = phase, time.perf_counter()
-        self.reason = self.reason or reason
-        self.last_notice_s = 0.0
-
-    def repeat_notice(self) -> None:
-        now = time.perf_counter()
-        if self.phase in ("draining", "stopping") and now - self.last_notice_s > NOTICE_RESEND_S:
-            notice = {"type": DRAIN, "reason": self.reason, "cancel": not self.duration_ended} \
-                if self.phase == "draining" else {"type": STOP, "reason": self.reason}
-            self.broadcast({**notice, "signal": self.interrupts.first()})
-            self.last_notice_s = now
-
-    # -- deaths, hangs, signals ----------------------------------------------------------------------
-    def on_exit(self, name: str, code: int) -> None:
-        self.launcher.forget(name)
-        self.health.forget(name)
-        if code == 0:
-            return
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        self.on_death(name, f"{name} {how}", signal.Signals(-code).name if code < 0 else None, code)
-
-    def on_stuck(self, name: str, why: str) -> None:
-        self.launcher.kill(name)
-        self.launcher.forget(name)
-        self.health.forget(name)
-        self.on_death(name, f"{why}: killed it", "SIGKILL", -signal.SIGKILL)
-
-    def on_death(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
-        role = role_of(name)
-        if role == "collector":
-            self.aborted = self.kill_all = True
-            log.error("%s: the run cannot go on without its collector, and no report can be written", reason)
-            self.enter("done", reason)
-            return
-        incarnation = self.launcher.incarnation(name)
-        can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
-        self.broadcast({"type": PEER_GONE, "name": name, "incarnation": incarnation, "final": not can_restart,
-                        "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(),
-                        "position": self.health.position(name)})
-        self.restart_log.append({"name": name, "incarnation": incarnation, "reason": reason, "signal": signal_name,
-                                 "exit_code": code, "restarted": can_restart})
-        if can_restart:
-            self.restarts[role] = self.restarts.get(role, 0) + 1
-            log.warning("%s: restarting it (%d of %d restarts for %s)", reason, self.restarts[role],
-                        self.cfg.max_restarts, role)
-            self.start_worker(name, start_position=self.health.position(name))
-            return
-        if role == "pre" or not self.launcher.alive(role):
-            log.error("%s: no %s worker can take its frames; stopping the run", reason, role)
-            self.aborted = self.aborted or self.phase == "running"
-            self.enter("stopping", reason)
-        else:
-            log.warning("%s: going on with the other %s workers", reason, role)
-
-    def start_worker(self, name: str, start_position: int = 0) -> None:
-        role = role_of(name)
-        device, threads = "cpu", 1
-        if role == "infer":
-            index = int(name.split("-")[1])
-            device, threads = self.cfg.devices[index % len(self.cfg.devices)], self.cfg.infer_threads
-        self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position)
-        self.health.expect(name, self.launcher.incarnation(name), start_position)
-
-    def on_interrupt(self) -> None:
-        count = self.interrupts.count
-        if count == self.seen_interrupts:
-            return
-        self.seen_interrupts = count
-        what = self.interrupts.last_said()
-        if count == 1 and self.phase == "running":
-            self.console.say(f"{what}: finishing the frames in flight (at most {DRAIN_TIMEOUT_S:.0f} s); "
-                             "press Ctrl-C again to stop at once")
-            self.enter("draining", f"interrupted by {what}")
-        elif count == 2:
-            self.console.say(f"{what} again: stopping now")
-            self.enter("stopping", f"interrupted by {what}")
-        elif count >= 3:
-            self.console.say(f"{what} a third time: killing every process")
-            self.kill_all = True
-            self.enter("done", f"interrupted by {what}")
-
-    def check_deadlines(self) -> None:
-        now = time.perf_counter()
-        if (self.phase == "running" and self.cfg.duration and self.first_frame_s is not None
-                and now - self.first_frame_s >= self.cfg.duration):
-            self.duration_ended = True
-            self.enter("draining", f"--duration {self.cfg.duration:g} s reached")
-        elif self.phase == "draining" and now - self.phase_since > DRAIN_TIMEOUT_S:
-            self.enter("stopping", self.reason or "drain timed out")
-        elif self.phase == "stopping" and now - self.phase_since > STOP_GIVE_UP_S:
-            log.error("no report %.0f s after the stop: ending every process", STOP_GIVE_UP_S)
-            self.aborted = self.kill_all = True
-            self.enter("done", self.reason or "stop timed out")
-        elif self.phase == "running" and now - self.last_change_s > STALL_TIMEOUT_S:
-            log.error("no frame finished for %.0f s: stopping the run", STALL_TIMEOUT_S)
-            self.aborted = True
-            self.enter("stopping", f"no frame finished for {STALL_TIMEOUT_S:.0f} s")
-
-    def on_progress(self, header: dict) -> None:
-        done = header["processed"] + header["failed"]
-        if done and self.first_frame_s is None:
-            self.first_frame_s = time.perf_counter()
-        if done != self.last_done:
-            self.last_done, self.last_change_s = done, time.perf_counter()
-        self.console.progress(header["processed"], header["failed"])
 
 
 def frames_planned(cfg: RunConfig, plan) -> str:
@@ -340,6 +198,8 @@ def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console)
         if progress_in in events:
             _read_all(progress_in, token, {PROGRESS, FINISHED}, drops, "progress", lambda h: _on_progress(watch, h))
         console.echo_worker_logs()
+        for gap_s in watch.clock.take_gaps():
+            log.info("the runner did not run for %.1f s (stopped, or starved of CPU): deadlines re-armed", gap_s)
         if watch.finished is not None:
             watch.enter("done", watch.reason or "finished")
             break
