@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import multiprocessing as mp
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker as resource_tracker
@@ -17,12 +18,17 @@ import os
 import signal
 import time
 
+from supervisor.limits import check_address_space
 from supervisor.signals import signals_held
+from workers.config import ConfigError
+from workers.ipc_dirs import use_short_tmpdir
 from workers.lifecycle import StageArgs
 
 TORCH_ROLES = ("infer", "post")
 FORKSERVER_PRELOAD = ["torch", "torchvision", "cv2", "workers.inference", "workers.postprocess"]
 JOIN_TIMEOUT_S = 10.0
+
+log = logging.getLogger("runner")
 
 
 STAGE_MODULES = {"pre": "workers.preprocess", "infer": "workers.inference", "post": "workers.postprocess",
@@ -41,12 +47,26 @@ def role_of(name: str) -> str:
 
 def start_fork_server() -> None:
     """Start the fork server (idempotent): it imports torch, in its own process, while the runner
-    goes on checking the configuration and the lean processes start."""
+    goes on checking the configuration and the lean processes start. A ``ulimit -v`` too small
+    for torch is a ConfigError here, not an abort in the fork server."""
+    check_address_space()
+    _short_tmpdir()
     mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     with signals_held():
         resource_tracker.ensure_running()  # first: starting it unblocks SIGINT and SIGTERM in the caller
     with signals_held():
         multiprocessing.forkserver.ensure_running()
+
+
+def _short_tmpdir() -> None:
+    """Before the fork server makes its socket in TMPDIR: a TMPDIR too long for socket paths is
+    swapped for /tmp, or refused naming TMPDIR (a ConfigError: exit 2)."""
+    try:
+        used = use_short_tmpdir()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if used:
+        log.info("TMPDIR is too long for socket paths: using %s for this run's sockets", used)
 
 
 class Launcher:

@@ -30,8 +30,8 @@ from supervisor.processes import Launcher
 from supervisor.signals import EXIT_CODES, Interrupts
 from supervisor.watch import Watch
 from workers.config import RunConfig
-from workers.lifecycle import (LOG_FORMAT, Endpoints, StageArgs, Wire, make_endpoints, make_ipc_dir,
-                               remove_stale_ipc_dirs)
+from workers.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
+from workers.lifecycle import LOG_FORMAT, Endpoints, StageArgs, Wire, endpoint_names, make_endpoints
 from workers.messages import FINISHED, HEARTBEAT, PROGRESS, STOP, validate
 from workers.slots import remove_segments, remove_stale_segments
 from workers.transport import REPORT_LIMITS, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
@@ -79,7 +79,12 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         check_tcp_ports(make_endpoints("tcp", "", cfg.tcp_host, cfg.tcp_base_port, cfg.pre_workers, cfg.infer_workers))
     removed = remove_stale_segments()
     removed_dirs = remove_stale_ipc_dirs()
-    run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
+    ipc_dir = _make_ipc_dir(cfg)  # before the run folder: a TMPDIR too long leaves no folder behind
+    try:
+        run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
+    except ValueError as exc:  # another run took the --name between the check and now
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        raise UsageError(str(exc)) from None
     log_path = os.path.join(run_dir, "run.log")
     file_log = logging.FileHandler(log_path, encoding="utf-8")
     file_log.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -91,7 +96,6 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     if removed or removed_dirs:
         log.info("removed %d shared-memory segments and %d ipc folders left by runs that were killed",
                  len(removed), len(removed_dirs))
-    ipc_dir = make_ipc_dir()
     token = secrets.token_bytes(16)
     wire = Wire(token, CurveKeys.generate() if cfg.transport == "tcp" else None)
     run_tag = f"{os.getpid()}-{token.hex()[:8]}"
@@ -148,6 +152,14 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         root.handlers = saved_handlers
         file_log.close()
     return _outcome(cfg, watch, run_dir, interrupts)
+
+
+def _make_ipc_dir(cfg: RunConfig) -> str:
+    longest = max(endpoint_names(cfg.pre_workers, cfg.infer_workers), key=lambda name: len(os.fsencode(name)))
+    try:
+        return make_ipc_dir(longest)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_tcp_ports(endpoints: Endpoints) -> None:

@@ -62,3 +62,15 @@ def test_a_memory_line_never_mixes_pss_and_rss():
     rss_only = [[0.0, 0.0, 400 * MIB, None], [0.5, 0.1, None, None], [1.0, 0.2, 420 * MIB, None]]
     assert memory_series(rss_only) == ("RSS", [(0.0, 400 * MIB), (1.0, 420 * MIB)])
     assert memory_series([[0.0, 0.0, None, None]]) == ("PSS", [])
+
+
+def test_a_run_of_many_workers_plots_without_a_warning_on_the_terminal(caplog):
+    """64 pre and 64 post workers: a figure too crowded for tight margins keeps matplotlib's
+    layout, and the warning goes to the log (run.log), not to stderr as a UserWarning."""
+    import warnings
+    run = steady_run(frames=400, workers={"pre": 64, "infer": 2, "post": 64})
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO, logger="analysis.plots"):
+        warnings.simplefilter("always")
+        rendered = render_plots(run, build_report(run))
+    assert not caught, [str(w.message) for w in caught]
+    assert "timeline.png" in rendered and "matplotlib's default layout" in caplog.text

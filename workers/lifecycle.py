@@ -9,10 +9,8 @@ import contextlib
 import logging
 import os
 import resource
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,12 +20,10 @@ import zmq
 
 from analysis.samples import Samples
 from workers.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
-from workers.slots import pid_alive
 from workers.transport import CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
 LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 TITLE_PREFIX = "yolo-pipeline"
-IPC_DIR_PREFIX = "yolo-ipc-"  # + the runner's pid + "-" + random
 HEARTBEAT_INTERVAL_S = 0.5
 CONTROL_TYPES = frozenset({DRAIN, STOP, PEER_GONE})
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal or ssh session closed
@@ -50,10 +46,15 @@ class Endpoints:
         return [*self.pre, *self.pre_returns, *self.infer, self.collector, self.control, self.progress, self.health]
 
 
+def endpoint_names(pre: int, infer: int) -> list[str]:
+    """What each bound socket is called (an ipc socket file's name)."""
+    return ([f"pre-{i}" for i in range(pre)] + [f"pre-{i}-returns" for i in range(pre)] +
+            [f"infer-{i}" for i in range(infer)] + ["collector", "control", "progress", "health"])
+
+
 def make_endpoints(transport: str, ipc_dir: str, tcp_host: str, tcp_base_port: int, pre: int,
                    infer: int) -> Endpoints:
-    names = ([f"pre-{i}" for i in range(pre)] + [f"pre-{i}-returns" for i in range(pre)] +
-             [f"infer-{i}" for i in range(infer)] + ["collector", "control", "progress", "health"])
+    names = endpoint_names(pre, infer)
     if transport == "ipc":
         from workers.transport import ipc_endpoint
         urls = {n: ipc_endpoint(ipc_dir, n) for n in names}
@@ -64,30 +65,6 @@ def make_endpoints(transport: str, ipc_dir: str, tcp_host: str, tcp_base_port: i
                      infer=tuple(urls[f"infer-{i}"] for i in range(infer)),
                      collector=urls["collector"], control=urls["control"], progress=urls["progress"],
                      health=urls["health"])
-
-
-def make_ipc_dir() -> str:
-    """A mode-0700 folder (only this user reaches the ipc sockets) named with the runner's pid,
-    so that a later run can tell the folder of a killed runner from a live one's."""
-    return tempfile.mkdtemp(prefix=f"{IPC_DIR_PREFIX}{os.getpid()}-")
-
-
-def remove_stale_ipc_dirs(directory: str | None = None) -> list[str]:
-    """Remove this user's ipc folders of runners that are gone (a SIGKILLed runner leaves its own)."""
-    directory = directory or tempfile.gettempdir()
-    removed = []
-    for entry in os.scandir(directory):
-        pid_text = entry.name.removeprefix(IPC_DIR_PREFIX).split("-", 1)[0]
-        if not (entry.name.startswith(IPC_DIR_PREFIX) and pid_text.isdigit()) or pid_alive(int(pid_text)):
-            continue
-        try:
-            mine = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid()
-        except FileNotFoundError:  # another run starting now removed it first
-            continue
-        if mine:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.name)
-    return removed
 
 
 @dataclass(frozen=True)

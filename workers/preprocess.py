@@ -12,6 +12,7 @@ import numpy as np
 import zmq
 
 from analysis.samples import Samples
+from workers.failure_log import FailureLog
 from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
                                setup_logging, test_slowdown_ms, worker_stats)
 from workers.links import Downstream
@@ -116,6 +117,7 @@ def run(args: StageArgs) -> None:
                          decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
     handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
     stream_errors: list[str] = []
+    failures = FailureLog(log)
     share_done = False
     try:
         ready = None  # a prepared frame waiting for credit
@@ -127,7 +129,7 @@ def run(args: StageArgs) -> None:
             more = not share_done and not control.draining()
             if ready is None and more and frames_out.all_peers_known() and slots.has_room():
                 with clock.busy() as spent:
-                    ready, share_done = _read_next(reader, slots, cfg, args, results_out, log, stream_errors)
+                    ready, share_done = _read_next(reader, slots, cfg, args, results_out, failures, stream_errors)
                     burn_cpu(slow_ms if ready else 0.0)
                 if ready is None:
                     handed = reader.position
@@ -165,6 +167,7 @@ def run(args: StageArgs) -> None:
             stream_errors=stream_errors,
             streams=[dataclasses.asdict(s) for s in reader.stream_stats()]), token=args.wire.token)
     finally:
+        failures.close()
         reader.close()
         heartbeat.close()
         slots.close()
@@ -175,7 +178,7 @@ def run(args: StageArgs) -> None:
         ctx.term()
 
 
-def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, results_out, log,
+def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, results_out, failures: FailureLog,
                stream_errors: list[str]) -> tuple[tuple[dict, list] | None, bool]:
     """(the next frame prepared and packed into a slot, or None; whether the share is done).
     A frame that cannot be read is reported failed; a stream given up is logged once."""
@@ -184,7 +187,7 @@ def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, resu
         frame = reader.next()
     except FrameReadError as exc:
         ref = exc.ref
-        log.warning("frame %d (%s) failed: %s", ref.frame_id, ref.name, exc.reason)
+        failures.failed("frame %d (%s) failed: %s", ref.frame_id, ref.name, exc.reason)
         failure = {"type": FAILED, "id": ref.frame_id, "name": ref.name, "stage": "pre", "worker": args.name,
                    "reason": exc.reason, "cycle": ref.cycle}
         if ref.kind in ("video", "stream"):
@@ -192,7 +195,7 @@ def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, resu
         send_message(results_out, failure, token=args.wire.token)
         return None, False
     except StreamError as exc:
-        log.error("%s", exc)
+        failures.log.error("%s", exc)
         stream_errors.append(str(exc))
         return None, False
     if frame is None:
