@@ -11,6 +11,8 @@ import time
 
 from tqdm import tqdm
 
+from analysis.printable import PrintableFormatter
+
 ECHO_LEVELS = (" WARNING ", " ERROR ", " CRITICAL ")
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
@@ -92,7 +94,7 @@ class ConsoleHandler(logging.Handler):
     def __init__(self, console: Console, level=logging.INFO):
         super().__init__(level)
         self.console = console
-        self.setFormatter(logging.Formatter("%(message)s"))
+        self.setFormatter(PrintableFormatter("%(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

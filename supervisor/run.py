@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from analysis.atomic import write_bytes_atomic
+from analysis.printable import PrintableFormatter
 from supervisor.console import Console, ConsoleHandler
 from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
@@ -87,7 +88,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         raise UsageError(str(exc)) from None
     log_path = os.path.join(run_dir, "run.log")
     file_log = logging.FileHandler(log_path, encoding="utf-8")
-    file_log.setFormatter(logging.Formatter(LOG_FORMAT))
+    file_log.setFormatter(PrintableFormatter(LOG_FORMAT))
     console = Console(show_progress, None if cfg.duration else plan.total, log_path)  # None: the bar counts up
     console_log = ConsoleHandler(console, level=logging.getLogger().getEffectiveLevel())
     root = logging.getLogger()
@@ -200,6 +201,7 @@ def _send_quietly(socket, header: dict, token: bytes) -> None:
 
 def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console) -> None:
     drops = watch.drops
+    watch.clock.take_gaps()  # starting the processes (the fork server importing torch) is no pause
     poller = zmq.Poller()
     poller.register(progress_in, zmq.POLLIN)
     poller.register(health_in, zmq.POLLIN)
@@ -211,7 +213,8 @@ def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console)
             _read_all(progress_in, token, {PROGRESS, FINISHED}, drops, "progress", lambda h: _on_progress(watch, h))
         console.echo_worker_logs()
         for gap_s in watch.clock.take_gaps():
-            log.info("the runner did not run for %.1f s (stopped, or starved of CPU): deadlines re-armed", gap_s)
+            if gap_s > watch.cfg.heartbeat_timeout_s:  # one that would have looked like deaths
+                log.info("the runner did not watch for %.1f s (stopped, or starved of CPU): deadlines re-armed", gap_s)
         if watch.finished is not None:
             watch.enter("done", watch.reason or "finished")
             break

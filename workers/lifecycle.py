@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import psutil
 import zmq
 
+from analysis.printable import PrintableFormatter
 from analysis.samples import Samples
 from workers.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
 from workers.transport import CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
@@ -159,7 +160,7 @@ def setup_logging(name: str, log_path: str, level: str) -> logging.Logger:
     root = logging.getLogger()
     root.handlers.clear()
     handler = logging.FileHandler(log_path, mode="a", encoding="utf-8")  # O_APPEND: lines interleave whole
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(PrintableFormatter(LOG_FORMAT))
     root.addHandler(handler)  # no console: the runner echoes warnings from run.log above its progress bar
     root.setLevel(level.upper())
     return logging.getLogger(name)
