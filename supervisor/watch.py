@@ -16,6 +16,7 @@ from supervisor.health import Health
 from supervisor.processes import Launcher, role_of
 from supervisor.signals import Interrupts
 from workers.config import RunConfig
+from workers.in_hand import read_in_hand
 from workers.messages import DRAIN, PEER_GONE, STOP
 from workers.transport import DropCounter, send_message
 
@@ -43,6 +44,7 @@ class Watch:
         self.kill_all = False  # end every process at once instead of letting them report
         self.finished: dict | None = None
         self.restarts: dict[str, int] = {}
+        self.died_at: dict[str, int | None] = {}  # preprocess worker -> the position it held when it last died
         self.restart_log: list[dict] = []
         self.seen_interrupts = 0
         self.last_notice_s = 0.0
@@ -94,6 +96,7 @@ class Watch:
             self.enter("done", reason)
             return
         incarnation = self.launcher.incarnation(name)
+        poison = self.poison_frame(name, reason) if role == "pre" else None
         can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
         self.broadcast({"type": PEER_GONE, "name": name, "incarnation": incarnation, "final": not can_restart,
                         "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(),
@@ -104,7 +107,7 @@ class Watch:
             self.restarts[role] = self.restarts.get(role, 0) + 1
             log.warning("%s: restarting it (%d of %d restarts for %s)", reason, self.restarts[role],
                         self.cfg.max_restarts, role)
-            self.start_worker(name, start_position=self.health.position(name))
+            self.start_worker(name, start_position=self.health.position(name), poison=poison)
             return
         if role == "pre" or not self.launcher.alive(role):
             log.error("%s: no %s worker can take its frames; stopping the run", reason, role)
@@ -113,13 +116,26 @@ class Watch:
         else:
             log.warning("%s: going on with the other %s workers", reason, role)
 
-    def start_worker(self, name: str, start_position: int = 0) -> None:
+    def poison_frame(self, name: str, reason: str) -> tuple[int, str] | None:
+        """(position, reason) when a preprocess worker died holding the frame it held when it last
+        died: that frame is failed with the reason by the next incarnation, not read again."""
+        held = read_in_hand(self.launcher.template.run_tag, name)
+        if held is not None and self.died_at.get(name) == held:
+            self.died_at[name] = None
+            log.warning("%s died twice holding the same frame (position %d of its share): it is failed, not read "
+                        "again", name, held)
+            return held, f"{name} died twice reading it ({reason})"
+        self.died_at[name] = held
+        return None
+
+    def start_worker(self, name: str, start_position: int = 0, poison: tuple[int, str] | None = None) -> None:
         role = role_of(name)
         device, threads = "cpu", 1
         if role == "infer":
             index = int(name.split("-")[1])
             device, threads = self.cfg.devices[index % len(self.cfg.devices)], self.cfg.infer_threads
-        self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position)
+        self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position,
+                            poison=poison or (-1, ""))
         self.health.expect(name, self.launcher.incarnation(name), start_position, pid=self.launcher.pid(name))
 
     def on_interrupt(self) -> None:

@@ -100,6 +100,8 @@ class StageArgs:
     start_position: int = 0  # preprocess: ids of its share already handed on by an earlier incarnation
     slot_bytes: int = 0  # preprocess: bytes per shared-memory slot (0: no shared memory)
     slot_count: int = 0
+    poison_position: int = -1  # preprocess: the position of a frame that killed it twice: failed, not read
+    poison_reason: str = ""
 
     @property
     def identity(self) -> str:
@@ -372,6 +374,16 @@ def test_slowdown_ms(role: str) -> float:
         if stage.strip() == role and ms.strip():
             return float(ms)
     return 0.0
+
+
+TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # tests only: a preprocess worker dies on a frame whose name has this
+
+
+def test_crash(name: str) -> None:
+    """Die as a decoder crash would (tests only): on a frame whose name holds TEST_CRASH_ENV's text."""
+    text = os.environ.get(TEST_CRASH_ENV)
+    if text and text in name:
+        os._exit(70)
 
 
 def burn_cpu(ms: float) -> None:
