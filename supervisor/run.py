@@ -27,6 +27,7 @@ from analysis.printable import PrintableFormatter
 from supervisor.console import Console, ConsoleHandler
 from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
+from supervisor.salvage import salvage_lists, write_runner_report
 from supervisor.processes import Launcher
 from supervisor.signals import EXIT_CODES, Interrupts
 from supervisor.watch import Watch
@@ -263,6 +264,8 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
     if report_written:
         _add_runner_drops(run_dir, watch.drops.counts)
         point_latest(run_dir)
+    elif watch.collector_died:
+        report_written = _write_what_the_runner_knows(cfg, watch, run_dir)
     summary = (finished or {}).get("summary") or None
     outcome = Outcome(EXIT_OK, run_dir, summary, watch.reason, report_written, watch.restart_log,
                       dict(watch.drops.counts))
@@ -284,6 +287,20 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
         outcome.reason = (finished or {}).get("write_error") or (summary or {}).get("image_error") or \
             "the report could not be written"
     return outcome
+
+
+def _write_what_the_runner_knows(cfg: RunConfig, watch: Watch, run_dir: str) -> bool:
+    """The collector died: its partial detections and predictions made valid, a report.json of
+    what the runner knows, and results/latest pointed at the run."""
+    salvaged = salvage_lists(run_dir)
+    written = write_runner_report(run_dir, reason=watch.reason or "the collector died", config=cfg.as_dict(),
+                                  progress=watch.last_progress, restarts=watch.restart_log,
+                                  dropped=dict(watch.drops.counts), salvaged=salvaged)
+    if written:
+        point_latest(run_dir)
+        log.error("report.json holds only what the runner knows; %s", ", ".join(
+            f"{name} {count} records" for name, count in salvaged.items()) or "no detections were written")
+    return written
 
 
 def _add_runner_drops(run_dir: str, counts: dict) -> None:

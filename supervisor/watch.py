@@ -44,6 +44,8 @@ class Watch:
         self.kill_all = False  # end every process at once instead of letting them report
         self.finished: dict | None = None
         self.restarts: dict[str, int] = {}
+        self.collector_died = False
+        self.last_progress: dict | None = None  # the collector's last counts, for a report without it
         self.died_at: dict[str, int | None] = {}  # preprocess worker -> the position it held when it last died
         self.restart_log: list[dict] = []
         self.seen_interrupts = 0
@@ -92,7 +94,8 @@ class Watch:
         role = role_of(name)
         if role == "collector":
             self.aborted = self.kill_all = True
-            log.error("%s: the run cannot go on without its collector, and no report can be written", reason)
+            self.collector_died = True
+            log.error("%s: the run cannot go on without its collector; the runner writes what it knows", reason)
             self.enter("done", reason)
             return
         incarnation = self.launcher.incarnation(name)
@@ -174,6 +177,7 @@ class Watch:
             self.enter("stopping", f"no frame finished for {STALL_TIMEOUT_S:.0f} s")
 
     def on_progress(self, header: dict) -> None:
+        self.last_progress = header
         done = header["processed"] + header["failed"]
         if done and self.first_frame_s is None:
             self.first_frame_s = self.clock.now()
