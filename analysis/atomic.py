@@ -60,7 +60,13 @@ class JsonListFile:
         if lines:
             separator = "," if self.records else ""
             self.records += len(lines)
-            self._guard(lambda: self._file.write(separator + "\n" + ",\n".join(lines)))
+            self._guard(lambda: self._write_now(separator + "\n" + ",\n".join(lines)))
+
+    def _write_now(self, text: str) -> None:
+        """Written through to the OS (no fsync): a writer killed mid-run leaves every whole record in
+        the partial file for the runner to make valid (supervisor.salvage)."""
+        self._file.write(text)
+        self._file.flush()
 
     def finish(self) -> bool:
         """Close and rename into place; False (and ``error`` set) when the file could not be written."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from analysis.printable import printable
 from analysis.stages import ROLE_NAMES, ROLES
 from analysis.trace import process_label
 from yolo.module_stats import RESIDUAL_NAME
+
 
 TOP_MODULES = 15
 LISTED_FAILURES = 20
@@ -16,6 +18,7 @@ PLOT_CAPTIONS = {"plots.png": "frames completed and fps per window", "latency.pn
 BOUND_NOTE = ("Every figure here was measured under this run's own load: the processes share the cores "
               "(hyperthreads, caches, memory bandwidth), so a bound computed from each process timed alone "
               "would not be reachable by the loaded pipeline.")
+
 
 
 def _f(value: float | None, digits: int = 1) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import logging
+import warnings
 
 import numpy as np
 
@@ -42,7 +43,11 @@ def headless_pyplot(what: str):
 def figure_png(plt, fig) -> bytes:
     """The figure as PNG bytes; the figure is closed whatever happens (pyplot keeps them all)."""
     try:
-        fig.tight_layout()
+        with warnings.catch_warnings(record=True) as caught:  # a warning would reach the terminal as it is
+            warnings.simplefilter("always")
+            fig.tight_layout()
+        for warning in {str(w.message) for w in caught}:  # e.g. 64 workers' rows: no room for tight margins
+            log.info("a plot kept matplotlib's default layout: %s", warning)
         out = io.BytesIO()
         fig.savefig(out, format="png", dpi=PLOT_DPI)
         return out.getvalue()

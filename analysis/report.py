@@ -19,6 +19,7 @@ from typing import Any, Callable
 from analysis.atomic import write_bytes_atomic
 from analysis.bottleneck import diagnose, too_little_to_judge
 from analysis.markdown import markdown
+from analysis.printable import printable
 from analysis.plots import render_plots
 from analysis.resources import resource_report
 from analysis.run_data import RunData
@@ -55,7 +56,7 @@ def write_run_folder(run_dir: str, run: RunData) -> dict:
     failed: dict[str, str] = {}
     files: list[tuple[str, Callable[[], bytes]]] = [
         ("report.json", lambda: json_text(report, indent=1).encode()),
-        ("report.md", lambda: markdown(report).encode()),
+        ("report.md", lambda: printable(markdown(report)).encode()),
         *((("detections.json", lambda: json_text(run.detections, indent=1).encode()),) if run.detections is not None
           else ()),
         *((("predictions.json", lambda: json_text(run.predictions).encode()),) if run.predictions is not None

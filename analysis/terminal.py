@@ -3,6 +3,7 @@ not have been written)."""
 
 from __future__ import annotations
 
+from analysis.printable import printable
 from analysis.stages import ROLE_NAMES, ROLES
 
 MIB = 1 << 20
@@ -49,7 +50,7 @@ def format_summary(summary: dict, report: dict | None = None) -> str:
     failed = (summary.get("files") or {}).get("failed")
     if failed:
         lines.append(f"NOT WRITTEN {', '.join(failed)}: {next(iter(failed.values()))}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # stdout is strict UTF-8: a source name that is not must not end the run
 
 
 def _source_line(summary: dict) -> str:

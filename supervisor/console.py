@@ -11,6 +11,7 @@ import time
 
 from tqdm import tqdm
 
+from analysis.printable import PrintableFormatter
 from workers.config import RunConfig
 from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
@@ -98,7 +99,7 @@ class ConsoleHandler(logging.Handler):
     def __init__(self, console: Console, level=logging.INFO):
         super().__init__(level)
         self.console = console
-        self.setFormatter(logging.Formatter("%(message)s"))
+        self.setFormatter(PrintableFormatter("%(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from supervisor.limits import check_descriptors, check_frame_memory
 from workers.config import ConfigError, RunConfig
 from workers.host import usable_cores
 from workers.slots import SHM_DIR, free_bytes
@@ -76,12 +77,15 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     except ValueError as exc:
         raise ConfigError(f"config half: {exc}") from None
     names = _class_names(cfg)
+    _check_classes(cfg.classes, names)
     cores = machine.cores
     workers = cfg.workers or cores
     infer = cfg.infer_workers or (len(devices) if on_cuda else cores)
     resolved = dataclasses.replace(cfg, classes=tuple(cfg.classes), workers=workers,
                                    pre_workers=cfg.pre_workers or workers, post_workers=cfg.post_workers or workers,
                                    infer_workers=infer, infer_threads=cfg.infer_threads or 1, devices=tuple(devices))
+    check_descriptors(resolved)
+    check_frame_memory(resolved, resolved.pre_workers * ring_frames(resolved))
     return resolved, machine, names
 
 
@@ -114,6 +118,14 @@ def device_specs(device: str) -> list[str]:
     ``--device 0`` or ``--device 0,1``."""
     specs = [s.strip() for s in device.split(",") if s.strip()]
     return [f"cuda:{s}" if s.isdigit() else s for s in specs]
+
+
+def _check_classes(classes, names: tuple[str, ...]) -> None:
+    """--classes ids the model does not have would silently keep nothing: refused."""
+    unknown = [c for c in classes or () if not 0 <= c < len(names)]
+    if unknown:
+        raise ConfigError(f"config classes: expected class ids 0..{len(names) - 1} (the model has {len(names)} "
+                          f"classes), got {', '.join(map(str, unknown))}")
 
 
 def _class_names(cfg: RunConfig) -> tuple[str, ...]:
@@ -179,11 +191,18 @@ def plan_source(cfg: RunConfig, download_dir: str = ""):
 
 
 def make_run_dir(results: str, name: str = "", exist_ok: bool = False) -> str:
+    """The run folder, made in one step (mkdir), so of two runs started together with the same
+    name one gets it and the other a ConfigError; without a name, a fresh timestamp."""
     if name:
         path = os.path.join(results, name)
-        if exist_ok and os.path.isdir(path):
-            clear_run_outputs(path)
-        os.makedirs(path, exist_ok=exist_ok)  # images/, videos/, labels/ are made when something goes there
+        os.makedirs(results, exist_ok=True)
+        try:
+            os.mkdir(path)  # one call: of two runs given the same --name, one gets it, the other is told
+        except FileExistsError:
+            if not exist_ok:
+                raise ConfigError(f"--name: run folder {path!r} exists (made by another run just now); choose "
+                                  "another --name or pass --exist-ok to reuse it") from None
+            clear_run_outputs(path)  # images/, videos/, labels/ are made when something goes there
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_id, n = stamp, 1
@@ -237,10 +256,7 @@ def slot_plan(cfg: RunConfig, plan) -> tuple[int, int]:
     original = _largest_frame_hw(plan) if cfg.save_every else (0, 0)
     original_pixels = min(original[0] * original[1], MAX_SLOT_ORIGINAL_PIXELS)
     slot_bytes = _aligned(lb_bytes) + _aligned(original_pixels * 3)
-    credit_per_producer = max(1, math.ceil(cfg.batch_size * cfg.prefetch / cfg.pre_workers))
-    at_inference = cfg.infer_workers * credit_per_producer + cfg.batch_size
-    at_postprocess = math.ceil(cfg.post_workers * cfg.prefetch * cfg.infer_workers / cfg.pre_workers)
-    slot_count = at_inference + at_postprocess + 2
+    slot_count = ring_frames(cfg)
     needed, free = slot_bytes * slot_count * cfg.pre_workers, free_bytes()
     if needed > SHM_FILL * free:
         log.warning("shared memory: the frame slots need %.0f MB and %s has %.0f MB free: frames travel in the "
@@ -248,6 +264,15 @@ def slot_plan(cfg: RunConfig, plan) -> tuple[int, int]:
                     needed / 1e6, SHM_DIR, free / 1e6)
         return 0, 0
     return slot_bytes, slot_count
+
+
+def ring_frames(cfg: RunConfig) -> int:
+    """Frames one preprocess worker can have in flight (its ring of slots): credit at inference
+    plus a batch being formed, frames at postprocess, and two being made."""
+    credit_per_producer = max(1, math.ceil(cfg.batch_size * cfg.prefetch / cfg.pre_workers))
+    at_inference = cfg.infer_workers * credit_per_producer + cfg.batch_size
+    at_postprocess = math.ceil(cfg.post_workers * cfg.prefetch * cfg.infer_workers / cfg.pre_workers)
+    return at_inference + at_postprocess + 2
 
 
 def _aligned(nbytes: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import multiprocessing as mp
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker as resource_tracker
@@ -17,12 +18,17 @@ import os
 import signal
 import time
 
+from supervisor.limits import check_address_space
 from supervisor.signals import signals_held
+from workers.config import ConfigError
+from workers.ipc_dirs import use_short_tmpdir
 from workers.lifecycle import StageArgs
 
 TORCH_ROLES = ("infer", "post")
 FORKSERVER_PRELOAD = ["torch", "torchvision", "cv2", "workers.inference", "workers.postprocess"]
 JOIN_TIMEOUT_S = 10.0
+
+log = logging.getLogger("runner")
 
 
 STAGE_MODULES = {"pre": "workers.preprocess", "infer": "workers.inference", "post": "workers.postprocess",
@@ -41,12 +47,26 @@ def role_of(name: str) -> str:
 
 def start_fork_server() -> None:
     """Start the fork server (idempotent): it imports torch, in its own process, while the runner
-    goes on checking the configuration and the lean processes start."""
+    goes on checking the configuration and the lean processes start. A ``ulimit -v`` too small
+    for torch is a ConfigError here, not an abort in the fork server."""
+    check_address_space()
+    _short_tmpdir()
     mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     with signals_held():
         resource_tracker.ensure_running()  # first: starting it unblocks SIGINT and SIGTERM in the caller
     with signals_held():
         multiprocessing.forkserver.ensure_running()
+
+
+def _short_tmpdir() -> None:
+    """Before the fork server makes its socket in TMPDIR: a TMPDIR too long for socket paths is
+    swapped for /tmp, or refused naming TMPDIR (a ConfigError: exit 2)."""
+    try:
+        used = use_short_tmpdir()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if used:
+        log.info("TMPDIR is too long for socket paths: using %s for this run's sockets", used)
 
 
 class Launcher:
@@ -63,12 +83,13 @@ class Launcher:
     def warm_up(self) -> None:
         start_fork_server()
 
-    def start(self, name: str, device: str = "cpu", torch_threads: int = 1, start_position: int = 0) -> None:
+    def start(self, name: str, device: str = "cpu", torch_threads: int = 1, start_position: int = 0,
+              poison: tuple[int, str] = (-1, "")) -> None:
         role = role_of(name)
         incarnation = self.incarnations.get(name, -1) + 1
         args = dataclasses.replace(self.template, name=name, index=int(name.split("-")[1]) if role != "collector" else 0,
                                    incarnation=incarnation, device=device, torch_threads=torch_threads,
-                                   start_position=start_position)
+                                   start_position=start_position, poison_position=poison[0], poison_reason=poison[1])
         extra = self.collector_extra if role == "collector" else ()
         context = self.forked if role in TORCH_ROLES else self.spawn
         process = context.Process(target=run_stage, args=(STAGE_MODULES[role], args, *extra), name=name, daemon=True)
@@ -79,6 +100,10 @@ class Launcher:
                 process.start()
         self.processes[name] = process
         self.incarnations[name] = incarnation
+
+    def pid(self, name: str) -> int:
+        process = self.processes.get(name)
+        return (process.pid or 0) if process is not None else 0
 
     def incarnation(self, name: str) -> int:
         return self.incarnations.get(name, 0)

@@ -16,7 +16,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import socket as socket_module
 import time
 from dataclasses import dataclass, field
@@ -24,25 +23,24 @@ from dataclasses import dataclass, field
 import zmq
 
 from analysis.atomic import write_bytes_atomic
+from analysis.printable import PrintableFormatter
 from supervisor.console import Console, ConsoleHandler, model_words
 from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
-from supervisor.processes import Launcher, role_of
+from supervisor.salvage import salvage_lists, write_runner_report
+from supervisor.processes import Launcher
 from supervisor.signals import EXIT_CODES, Interrupts
+from supervisor.watch import Watch
 from workers.config import RunConfig
-from workers.lifecycle import (LOG_FORMAT, Endpoints, StageArgs, Wire, make_endpoints, make_ipc_dir,
-                               remove_stale_ipc_dirs)
-from workers.messages import DRAIN, FINISHED, HEARTBEAT, PEER_GONE, PROGRESS, STOP, validate
+from workers.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
+from workers.lifecycle import LOG_FORMAT, Endpoints, StageArgs, Wire, endpoint_names, make_endpoints
+from workers.messages import FINISHED, HEARTBEAT, PROGRESS, STOP, validate
 from workers.slots import remove_segments, remove_stale_segments
 from workers.transport import REPORT_LIMITS, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
 log = logging.getLogger("runner")
 
 POLL_TIMEOUT_MS = 100
-NOTICE_RESEND_S = 1.0  # PUB/SUB may drop a message to a late subscriber: repeat drain/stop
-DRAIN_TIMEOUT_S = 5.0  # after Ctrl-C/SIGTERM: frames in flight get this long to finish
-STOP_GIVE_UP_S = 15.0  # after a stop, wait this long for the collector's report, then end it all
-STALL_TIMEOUT_S = 300.0  # no frame finished for this long while all processes live and answer
 
 EXIT_OK = 0
 EXIT_ABORTED = 1
@@ -66,144 +64,6 @@ class Outcome:
     dropped_messages: dict = field(default_factory=dict)  # {"kind": count} the runner itself dropped
 
 
-class Watch:
-    """The runner's state while the run goes: its phase, why it is stopping, what it restarted."""
-
-    def __init__(self, cfg: RunConfig, launcher: Launcher, health: Health, control_out, token: bytes,
-                 interrupts: Interrupts, console: Console):
-        self.cfg, self.launcher, self.health = cfg, launcher, health
-        self.control_out, self.token = control_out, token
-        self.interrupts, self.console = interrupts, console
-        self.phase = "running"  # running -> draining -> stopping -> done
-        self.phase_since = time.perf_counter()
-        self.reason: str | None = None
-        self.aborted = False
-        self.kill_all = False  # end every process at once instead of letting them report
-        self.finished: dict | None = None
-        self.restarts: dict[str, int] = {}
-        self.restart_log: list[dict] = []
-        self.seen_interrupts = 0
-        self.last_notice_s = 0.0
-        self.last_done, self.last_change_s = -1, time.perf_counter()
-        self.first_frame_s: float | None = None
-        self.duration_ended = False  # a --duration run: frames never read are not counted
-        self.drops = DropCounter(log)  # messages the runner refused (bad token, schema, size)
-
-    # -- notices to every process ------------------------------------------------------------------
-    def broadcast(self, header: dict) -> None:
-        send_message(self.control_out, header, token=self.token)
-
-    def enter(self, phase: str, reason: str) -> None:
-        if ["running", "draining", "stopping", "done"].index(phase) <= ["running", "draining", "stopping",
-                                                                         "done"].index(self.phase):
-            return
-        self.phase, self.phase_since = phase, time.perf_counter()
-        self.reason = self.reason or reason
-        self.last_notice_s = 0.0
-
-    def repeat_notice(self) -> None:
-        now = time.perf_counter()
-        if self.phase in ("draining", "stopping") and now - self.last_notice_s > NOTICE_RESEND_S:
-            notice = {"type": DRAIN, "reason": self.reason, "cancel": not self.duration_ended} \
-                if self.phase == "draining" else {"type": STOP, "reason": self.reason}
-            self.broadcast({**notice, "signal": self.interrupts.first()})
-            self.last_notice_s = now
-
-    # -- deaths, hangs, signals ----------------------------------------------------------------------
-    def on_exit(self, name: str, code: int) -> None:
-        self.launcher.forget(name)
-        self.health.forget(name)
-        if code == 0:
-            return
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        self.on_death(name, f"{name} {how}", signal.Signals(-code).name if code < 0 else None, code)
-
-    def on_stuck(self, name: str, why: str) -> None:
-        self.launcher.kill(name)
-        self.launcher.forget(name)
-        self.health.forget(name)
-        self.on_death(name, f"{why}: killed it", "SIGKILL", -signal.SIGKILL)
-
-    def on_death(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
-        role = role_of(name)
-        if role == "collector":
-            self.aborted = self.kill_all = True
-            log.error("%s: the run cannot go on without its collector, and no report can be written", reason)
-            self.enter("done", reason)
-            return
-        incarnation = self.launcher.incarnation(name)
-        can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
-        self.broadcast({"type": PEER_GONE, "name": name, "incarnation": incarnation, "final": not can_restart,
-                        "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(),
-                        "position": self.health.position(name)})
-        self.restart_log.append({"name": name, "incarnation": incarnation, "reason": reason, "signal": signal_name,
-                                 "exit_code": code, "restarted": can_restart})
-        if can_restart:
-            self.restarts[role] = self.restarts.get(role, 0) + 1
-            log.warning("%s: restarting it (%d of %d restarts for %s)", reason, self.restarts[role],
-                        self.cfg.max_restarts, role)
-            self.start_worker(name, start_position=self.health.position(name))
-            return
-        if role == "pre" or not self.launcher.alive(role):
-            log.error("%s: no %s worker can take its frames; stopping the run", reason, role)
-            self.aborted = self.aborted or self.phase == "running"
-            self.enter("stopping", reason)
-        else:
-            log.warning("%s: going on with the other %s workers", reason, role)
-
-    def start_worker(self, name: str, start_position: int = 0) -> None:
-        role = role_of(name)
-        device, threads = "cpu", 1
-        if role == "infer":
-            index = int(name.split("-")[1])
-            device, threads = self.cfg.devices[index % len(self.cfg.devices)], self.cfg.infer_threads
-        self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position)
-        self.health.expect(name, self.launcher.incarnation(name), start_position)
-
-    def on_interrupt(self) -> None:
-        count = self.interrupts.count
-        if count == self.seen_interrupts:
-            return
-        self.seen_interrupts = count
-        what = self.interrupts.last_said()
-        if count == 1 and self.phase == "running":
-            self.console.say(f"{what}: finishing the frames in flight (at most {DRAIN_TIMEOUT_S:.0f} s); "
-                             "press Ctrl-C again to stop at once")
-            self.enter("draining", f"interrupted by {what}")
-        elif count == 2:
-            self.console.say(f"{what} again: stopping now")
-            self.enter("stopping", f"interrupted by {what}")
-        elif count >= 3:
-            self.console.say(f"{what} a third time: killing every process")
-            self.kill_all = True
-            self.enter("done", f"interrupted by {what}")
-
-    def check_deadlines(self) -> None:
-        now = time.perf_counter()
-        if (self.phase == "running" and self.cfg.duration and self.first_frame_s is not None
-                and now - self.first_frame_s >= self.cfg.duration):
-            self.duration_ended = True
-            self.enter("draining", f"--duration {self.cfg.duration:g} s reached")
-        elif self.phase == "draining" and now - self.phase_since > DRAIN_TIMEOUT_S:
-            self.enter("stopping", self.reason or "drain timed out")
-        elif self.phase == "stopping" and now - self.phase_since > STOP_GIVE_UP_S:
-            log.error("no report %.0f s after the stop: ending every process", STOP_GIVE_UP_S)
-            self.aborted = self.kill_all = True
-            self.enter("done", self.reason or "stop timed out")
-        elif self.phase == "running" and now - self.last_change_s > STALL_TIMEOUT_S:
-            log.error("no frame finished for %.0f s: stopping the run", STALL_TIMEOUT_S)
-            self.aborted = True
-            self.enter("stopping", f"no frame finished for {STALL_TIMEOUT_S:.0f} s")
-
-    def on_progress(self, header: dict) -> None:
-        done = header["processed"] + header["failed"]
-        if done and self.first_frame_s is None:
-            self.first_frame_s = time.perf_counter()
-        if done != self.last_done:
-            self.last_done, self.last_change_s = done, time.perf_counter()
-        self.console.progress(header["processed"], header["failed"])
-
-
 def frames_planned(cfg: RunConfig, plan) -> str:
     """What the run will read, in words: a --duration run plans more frames than it will take."""
     if cfg.duration:
@@ -221,10 +81,15 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         check_tcp_ports(make_endpoints("tcp", "", cfg.tcp_host, cfg.tcp_base_port, cfg.pre_workers, cfg.infer_workers))
     removed = remove_stale_segments()
     removed_dirs = remove_stale_ipc_dirs()
-    run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
+    ipc_dir = _make_ipc_dir(cfg)  # before the run folder: a TMPDIR too long leaves no folder behind
+    try:
+        run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
+    except ValueError as exc:  # another run took the --name between the check and now
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        raise UsageError(str(exc)) from None
     log_path = os.path.join(run_dir, "run.log")
     file_log = logging.FileHandler(log_path, encoding="utf-8")
-    file_log.setFormatter(logging.Formatter(LOG_FORMAT))
+    file_log.setFormatter(PrintableFormatter(LOG_FORMAT))
     console = Console(show_progress, None if cfg.duration else plan.total, log_path)  # None: the bar counts up
     console_log = ConsoleHandler(console, level=logging.getLogger().getEffectiveLevel())
     root = logging.getLogger()
@@ -233,7 +98,6 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     if removed or removed_dirs:
         log.info("removed %d shared-memory segments and %d ipc folders left by runs that were killed",
                  len(removed), len(removed_dirs))
-    ipc_dir = make_ipc_dir()
     token = secrets.token_bytes(16)
     wire = Wire(token, CurveKeys.generate() if cfg.transport == "tcp" else None)
     run_tag = f"{os.getpid()}-{token.hex()[:8]}"
@@ -292,6 +156,14 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     return _outcome(cfg, watch, run_dir, interrupts)
 
 
+def _make_ipc_dir(cfg: RunConfig) -> str:
+    longest = max(endpoint_names(cfg.pre_workers, cfg.infer_workers), key=lambda name: len(os.fsencode(name)))
+    try:
+        return make_ipc_dir(longest)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def check_tcp_ports(endpoints: Endpoints) -> None:
     """Every port the run's processes will bind, tried now: a port in use is a usage error found
     before any process starts (a worker finding it later would only die)."""
@@ -330,6 +202,7 @@ def _send_quietly(socket, header: dict, token: bytes) -> None:
 
 def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console) -> None:
     drops = watch.drops
+    watch.clock.take_gaps()  # starting the processes (the fork server importing torch) is no pause
     poller = zmq.Poller()
     poller.register(progress_in, zmq.POLLIN)
     poller.register(health_in, zmq.POLLIN)
@@ -340,6 +213,9 @@ def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console)
         if progress_in in events:
             _read_all(progress_in, token, {PROGRESS, FINISHED}, drops, "progress", lambda h: _on_progress(watch, h))
         console.echo_worker_logs()
+        for gap_s in watch.clock.take_gaps():
+            if gap_s > watch.cfg.heartbeat_timeout_s:  # one that would have looked like deaths
+                log.info("the runner did not watch for %.1f s (stopped, or starved of CPU): deadlines re-armed", gap_s)
         if watch.finished is not None:
             watch.enter("done", watch.reason or "finished")
             break
@@ -388,6 +264,8 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
     if report_written:
         _add_runner_drops(run_dir, watch.drops.counts)
         point_latest(run_dir)
+    elif watch.collector_died:
+        report_written = _write_what_the_runner_knows(cfg, watch, run_dir)
     summary = (finished or {}).get("summary") or None
     outcome = Outcome(EXIT_OK, run_dir, summary, watch.reason, report_written, watch.restart_log,
                       dict(watch.drops.counts))
@@ -409,6 +287,20 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
         outcome.reason = (finished or {}).get("write_error") or (summary or {}).get("image_error") or \
             "the report could not be written"
     return outcome
+
+
+def _write_what_the_runner_knows(cfg: RunConfig, watch: Watch, run_dir: str) -> bool:
+    """The collector died: its partial detections and predictions made valid, a report.json of
+    what the runner knows, and results/latest pointed at the run."""
+    salvaged = salvage_lists(run_dir)
+    written = write_runner_report(run_dir, reason=watch.reason or "the collector died", config=cfg.as_dict(),
+                                  progress=watch.last_progress, restarts=watch.restart_log,
+                                  dropped=dict(watch.drops.counts), salvaged=salvaged)
+    if written:
+        point_latest(run_dir)
+        log.error("report.json holds only what the runner knows; %s", ", ".join(
+            f"{name} {count} records" for name, count in salvaged.items()) or "no detections were written")
+    return written
 
 
 def _add_runner_drops(run_dir: str, counts: dict) -> None:

@@ -69,3 +69,15 @@ def test_module_rows_are_labelled_with_their_type():
     from yolo.module_stats import RESIDUAL_NAME
     assert module_label({"name": "model.24", "type": "Detect"}) == "model.24 (Detect)"
     assert module_label({"name": RESIDUAL_NAME, "type": "residual"}) == RESIDUAL_NAME
+
+
+def test_a_run_of_many_workers_plots_without_a_warning_on_the_terminal(caplog):
+    """64 pre and 64 post workers: a figure too crowded for tight margins keeps matplotlib's
+    layout, and the warning goes to the log (run.log), not to stderr as a UserWarning."""
+    import warnings
+    run = steady_run(frames=400, workers={"pre": 64, "infer": 2, "post": 64})
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO, logger="analysis.plots"):
+        warnings.simplefilter("always")
+        rendered = render_plots(run, build_report(run))
+    assert not caught, [str(w.message) for w in caught]
+    assert "timeline.png" in rendered and "matplotlib's default layout" in caplog.text

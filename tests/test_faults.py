@@ -343,6 +343,7 @@ def _usage_cases(tmp_path: Path) -> dict:
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "empty").mkdir()
     (tmp_path / "not-weights.pt").write_text("not a checkpoint")
+    (tmp_path / "binary.toml").write_bytes(bytes(range(256)))
     return {
         "results-is-a-file": (["--results", str(tmp_path / "a-file")], "expected a folder, got a file"),
         "results-parent-is-a-file": (["--results", str(tmp_path / "a-file" / "results")], "cannot write run folders"),
@@ -351,11 +352,14 @@ def _usage_cases(tmp_path: Path) -> dict:
         "weights-not-a-checkpoint": (["--weights", str(tmp_path / "not-weights.pt")], "--weights:"),
         "source-empty-folder": (["--source", str(tmp_path / "empty")], "--source:"),
         "device-list-of-cpus": (["--device", "cpu,cpu"], "--device:"),
+        "classes-the-model-lacks": (["--classes", "0", "999"], "--classes: expected class ids 0..79 (the model has 80"),
+        "binary-config": (["--config", str(tmp_path / "binary.toml")], f"config file {tmp_path / 'binary.toml'}: not valid"),
     }
 
 
 @pytest.mark.parametrize("case", ["results-is-a-file", "results-parent-is-a-file", "preset-foo", "weights-missing",
-                                  "weights-not-a-checkpoint", "source-empty-folder", "device-list-of-cpus"])
+                                  "weights-not-a-checkpoint", "source-empty-folder", "device-list-of-cpus",
+                                  "classes-the-model-lacks", "binary-config"])
 def test_bad_usage_exits_2_naming_it_before_the_run(live, tmp_path, case):
     flags, message = _usage_cases(tmp_path)[case]
     results = tmp_path / "results"

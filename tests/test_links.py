@@ -144,3 +144,28 @@ def test_strangers_and_stale_acks_are_ignored(ctx, made, tmp_path):
     assert down.pending() == 1  # an ack for another producer incarnation frees nothing
     up.ack(msg.header["id"])
     wait_for(lambda: down.pending() == 0, lambda: pump(down))
+
+
+def test_the_wait_for_the_last_acks_leaves_out_time_the_process_was_stopped(ctx, made, tmp_path, monkeypatch):
+    """A frame sent and never acked, the stage's input done: a whole run stopped with Ctrl-Z for
+    longer than DRAIN_TIMEOUT_S does not give up at `fg`; the drain waits DRAIN_TIMEOUT_S of
+    running time, and only then gives up."""
+    import workers.links as links
+    endpoint = f"ipc://{tmp_path}/p.ipc"
+    down = producer(ctx, made, endpoint, consumers=("c-0",))
+    consumer(ctx, made, endpoint, "c-0.0", credit=1)
+    wait_for(lambda: down.has_credit(), lambda: pump(down))
+    down.send({"id": 0})
+    now = [time.perf_counter()]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    assert not down.finish(LOG)
+    now[0] += 3 * links.DRAIN_TIMEOUT_S  # stopped, then resumed
+    assert not down.finish(LOG)
+    for _ in range(int(links.DRAIN_TIMEOUT_S / 0.1) - 20):  # the loop turns every 0.1 s, never acked
+        now[0] += 0.1
+        assert not down.finish(LOG)
+    gave_up = []
+    for _ in range(40):  # 4 s more of running: past the timeout
+        now[0] += 0.1
+        gave_up.append(down.finish(LOG))
+    assert gave_up[-1] and not gave_up[0]

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from workers.lifecycle import IPC_DIR_PREFIX, remove_stale_ipc_dirs
+from workers.ipc_dirs import IPC_DIR_PREFIX, remove_stale_ipc_dirs
 from workers.slots import (SEGMENT_PREFIX, SlotError, SlotRing, SlotViews, remove_segments, remove_stale_segments,
                            segment_name)
 

@@ -206,8 +206,10 @@ def read_toml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # a binary file fails as UTF-8 first
         raise ConfigError(f"config file {path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror})") from None
     values: dict[str, Any] = {}
     for section, table in data.items():
         if section not in SECTIONS:

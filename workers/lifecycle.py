@@ -9,10 +9,8 @@ import contextlib
 import logging
 import os
 import resource
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,14 +18,13 @@ from dataclasses import dataclass, field
 import psutil
 import zmq
 
+from analysis.printable import PrintableFormatter
 from analysis.samples import Samples
 from workers.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
-from workers.slots import pid_alive
 from workers.transport import CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
 LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 TITLE_PREFIX = "yolo-pipeline"
-IPC_DIR_PREFIX = "yolo-ipc-"  # + the runner's pid + "-" + random
 HEARTBEAT_INTERVAL_S = 0.5
 CONTROL_TYPES = frozenset({DRAIN, STOP, PEER_GONE})
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal or ssh session closed
@@ -50,10 +47,15 @@ class Endpoints:
         return [*self.pre, *self.pre_returns, *self.infer, self.collector, self.control, self.progress, self.health]
 
 
+def endpoint_names(pre: int, infer: int) -> list[str]:
+    """What each bound socket is called (an ipc socket file's name)."""
+    return ([f"pre-{i}" for i in range(pre)] + [f"pre-{i}-returns" for i in range(pre)] +
+            [f"infer-{i}" for i in range(infer)] + ["collector", "control", "progress", "health"])
+
+
 def make_endpoints(transport: str, ipc_dir: str, tcp_host: str, tcp_base_port: int, pre: int,
                    infer: int) -> Endpoints:
-    names = ([f"pre-{i}" for i in range(pre)] + [f"pre-{i}-returns" for i in range(pre)] +
-             [f"infer-{i}" for i in range(infer)] + ["collector", "control", "progress", "health"])
+    names = endpoint_names(pre, infer)
     if transport == "ipc":
         from workers.transport import ipc_endpoint
         urls = {n: ipc_endpoint(ipc_dir, n) for n in names}
@@ -64,30 +66,6 @@ def make_endpoints(transport: str, ipc_dir: str, tcp_host: str, tcp_base_port: i
                      infer=tuple(urls[f"infer-{i}"] for i in range(infer)),
                      collector=urls["collector"], control=urls["control"], progress=urls["progress"],
                      health=urls["health"])
-
-
-def make_ipc_dir() -> str:
-    """A mode-0700 folder (only this user reaches the ipc sockets) named with the runner's pid,
-    so that a later run can tell the folder of a killed runner from a live one's."""
-    return tempfile.mkdtemp(prefix=f"{IPC_DIR_PREFIX}{os.getpid()}-")
-
-
-def remove_stale_ipc_dirs(directory: str | None = None) -> list[str]:
-    """Remove this user's ipc folders of runners that are gone (a SIGKILLed runner leaves its own)."""
-    directory = directory or tempfile.gettempdir()
-    removed = []
-    for entry in os.scandir(directory):
-        pid_text = entry.name.removeprefix(IPC_DIR_PREFIX).split("-", 1)[0]
-        if not (entry.name.startswith(IPC_DIR_PREFIX) and pid_text.isdigit()) or pid_alive(int(pid_text)):
-            continue
-        try:
-            mine = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid()
-        except FileNotFoundError:  # another run starting now removed it first
-            continue
-        if mine:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.name)
-    return removed
 
 
 @dataclass(frozen=True)
@@ -122,6 +100,8 @@ class StageArgs:
     start_position: int = 0  # preprocess: ids of its share already handed on by an earlier incarnation
     slot_bytes: int = 0  # preprocess: bytes per shared-memory slot (0: no shared memory)
     slot_count: int = 0
+    poison_position: int = -1  # preprocess: the position of a frame that killed it twice: failed, not read
+    poison_reason: str = ""
 
     @property
     def identity(self) -> str:
@@ -182,7 +162,7 @@ def setup_logging(name: str, log_path: str, level: str) -> logging.Logger:
     root = logging.getLogger()
     root.handlers.clear()
     handler = logging.FileHandler(log_path, mode="a", encoding="utf-8")  # O_APPEND: lines interleave whole
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(PrintableFormatter(LOG_FORMAT))
     root.addHandler(handler)  # no console: the runner echoes warnings from run.log above its progress bar
     root.setLevel(level.upper())
     return logging.getLogger(name)
@@ -394,6 +374,16 @@ def test_slowdown_ms(role: str) -> float:
         if stage.strip() == role and ms.strip():
             return float(ms)
     return 0.0
+
+
+TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # tests only: a preprocess worker dies on a frame whose name has this
+
+
+def test_crash(name: str) -> None:
+    """Die as a decoder crash would (tests only): on a frame whose name holds TEST_CRASH_ENV's text."""
+    text = os.environ.get(TEST_CRASH_ENV)
+    if text and text in name:
+        os._exit(70)
 
 
 def burn_cpu(ms: float) -> None:

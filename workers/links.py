@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +25,7 @@ import numpy as np
 import zmq
 
 from workers.lifecycle import Wire
+from workers.loop_clock import LoopClock
 from workers.messages import ACK, CREDIT, END, FRAME, RELEASE, validate
 from workers.transport import FRAME_LIMITS, DropCounter, Message, ProtocolError, make_socket, recv_message, send_message
 
@@ -78,7 +78,8 @@ class Downstream:
         self.resent = 0
         self.resent_by: dict[str, int] = {}  # identity of a retired consumer -> frames sent again
         self.input_done = False  # the stage will submit nothing more
-        self._last_ack_s = time.perf_counter()
+        self.clock = LoopClock()  # the drain's deadline: time this process was stopped (Ctrl-Z) is left out
+        self._last_ack_s = self.clock.now()
 
     # -- receiving credit and acks ---------------------------------------------------------------
     def handle(self) -> list[int]:
@@ -99,7 +100,7 @@ class Downstream:
             return []  # an ack for frames my predecessor sent
         acked = [i for i in header["ids"] if peer.in_flight.pop(i, None) is not None]
         peer.credit += len(acked)
-        self._last_ack_s = time.perf_counter()
+        self._last_ack_s = self.clock.now()
         released = set(header.get("release") or ())
         return [i for i in acked if i in released]
 
@@ -199,6 +200,8 @@ class Downstream:
         """Call in every loop once the stage will submit nothing more: sends the frames waiting to
         go again, then end-of-stream to every consumer; True once everything sent is acked (or
         when no ack came for DRAIN_TIMEOUT_S, with an error logged)."""
+        if not self.input_done:
+            self._last_ack_s = self.clock.now()  # the wait for the last acks starts now
         self.input_done = True
         self.send_queued()
         if self.queue or not self.all_peers_known():
@@ -216,7 +219,7 @@ class Downstream:
         return self._gave_up(log)
 
     def _gave_up(self, log: logging.Logger) -> bool:
-        if time.perf_counter() - self._last_ack_s > DRAIN_TIMEOUT_S:
+        if self.clock.now() - self._last_ack_s > DRAIN_TIMEOUT_S:
             log.error("no ack for %.0f s with %d frames unacked and %d waiting to go again: %s",
                       DRAIN_TIMEOUT_S, self.pending(), len(self.queue), self.held_by())
             return True

@@ -17,6 +17,7 @@ import torch
 import zmq
 
 from analysis.samples import Samples
+from workers.failure_log import FailureLog
 from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
                                setup_logging, test_slowdown_ms, worker_stats)
 from workers.links import SlotReturns, Upstream
@@ -162,6 +163,7 @@ def run(args: StageArgs) -> None:
     draw = cfg.draw_options()
     names = list(args.names)
     drops = DropCounter(log)
+    failures = FailureLog(log)
     ctx = zmq.Context()
     control = Control(ctx, args, drops)
     heartbeat = Heartbeat(ctx, args)
@@ -206,7 +208,7 @@ def run(args: StageArgs) -> None:
                         result["workers"] = {"pre": h.get("pre"), "infer": h.get("infer"), "post": args.name}
                         bytes_out += send_message(results_out, result, token=args.wire.token)
                     except Exception as exc:  # one bad frame must not take the stage down
-                        log.exception("frame %d failed in postprocess", h["id"])
+                        failures.failed("frame %d failed in postprocess", h["id"], exc_info=True)
                         send_message(results_out, {"type": FAILED, "id": h["id"], "name": h["name"], "stage": "post",
                                                    "worker": args.name, "reason": repr(exc), "cycle": h["cycle"],
                                                    "video": h.get("video")}, token=args.wire.token)
@@ -226,6 +228,7 @@ def run(args: StageArgs) -> None:
             substages_ms={k: v.to_dict() for k, v in substages.items()}, held=frames_in.held(),
             images_saved=outputs.saved, image_error=outputs.error), token=args.wire.token)
     finally:
+        failures.close()
         heartbeat.close()
         views.close()
         returns.close()

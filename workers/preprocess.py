@@ -12,8 +12,10 @@ import numpy as np
 import zmq
 
 from analysis.samples import Samples
+from workers.failure_log import FailureLog
+from workers.in_hand import NOTHING, InHand
 from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
-                               setup_logging, test_slowdown_ms, worker_stats)
+                               setup_logging, test_crash, test_slowdown_ms, worker_stats)
 from workers.links import Downstream
 from workers.messages import FAILED, RELEASE, validate
 from workers.slots import SHM_DIR, SlotRing, segment_name
@@ -116,6 +118,8 @@ def run(args: StageArgs) -> None:
                          decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
     handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
     stream_errors: list[str] = []
+    failures = FailureLog(log)
+    in_hand = InHand(args.run_tag, args.name)  # the frame being read and sent, for the runner if this dies
     share_done = False
     try:
         ready = None  # a prepared frame waiting for credit
@@ -127,10 +131,12 @@ def run(args: StageArgs) -> None:
             more = not share_done and not control.draining()
             if ready is None and more and frames_out.all_peers_known() and slots.has_room():
                 with clock.busy() as spent:
-                    ready, share_done = _read_next(reader, slots, cfg, args, results_out, log, stream_errors)
+                    in_hand.hold(reader.position)
+                    ready, share_done = _read_next(reader, slots, cfg, args, results_out, failures, stream_errors)
                     burn_cpu(slow_ms if ready else 0.0)
                 if ready is None:
                     handed = reader.position
+                    in_hand.hold(NOTHING)
                 elif ready[0]["id"] >= cfg.warmup:
                     t = ready[0]["t"]
                     substages["read"].add((t["read_end"] - t["read_start"]) * 1e3)
@@ -142,6 +148,7 @@ def run(args: StageArgs) -> None:
                 if frames_out.send(*ready) is not None:  # else its consumer is gone: try another
                     sent += 1
                     handed = reader.position
+                    in_hand.hold(NOTHING)
                     heartbeat.position = handed
                     ready = None
                 continue
@@ -165,6 +172,8 @@ def run(args: StageArgs) -> None:
             stream_errors=stream_errors,
             streams=[dataclasses.asdict(s) for s in reader.stream_stats()]), token=args.wire.token)
     finally:
+        failures.close()
+        in_hand.close()
         reader.close()
         heartbeat.close()
         slots.close()
@@ -175,30 +184,42 @@ def run(args: StageArgs) -> None:
         ctx.term()
 
 
-def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, results_out, log,
+def _report_failed(ref, reason: str, args: StageArgs, results_out, failures: FailureLog,
+                   repeat: bool = False) -> None:
+    """``repeat``: a frame after a video given up fails for the reason already logged, said once."""
+    if repeat:
+        log.debug("frame %d (%s) failed: %s", ref.frame_id, ref.name, reason)
+    else:
+        failures.failed("frame %d (%s) failed: %s", ref.frame_id, ref.name, reason)
+    failure = {"type": FAILED, "id": ref.frame_id, "name": ref.name, "stage": "pre", "worker": args.name,
+               "reason": reason, "cycle": ref.cycle}
+    if ref.kind in ("video", "stream"):
+        failure["video"] = {"item": ref.item, "index": ref.index}
+    send_message(results_out, failure, token=args.wire.token)
+
+
+def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, results_out, failures: FailureLog,
                stream_errors: list[str]) -> tuple[tuple[dict, list] | None, bool]:
     """(the next frame prepared and packed into a slot, or None; whether the share is done).
     A frame that cannot be read is reported failed; a stream given up is logged once."""
     t_read = time.perf_counter()
+    if reader.position == args.poison_position:
+        ref = reader.skip()
+        if ref is not None:
+            _report_failed(ref, args.poison_reason, args, results_out, failures)
+            return None, False
     try:
         frame = reader.next()
     except FrameReadError as exc:
-        ref = exc.ref
-        # the frames after a video given up fail for the reason already logged: said once, not per frame
-        log.log(logging.DEBUG if exc.repeat else logging.WARNING, "frame %d (%s) failed: %s", ref.frame_id, ref.name,
-                exc.reason)
-        failure = {"type": FAILED, "id": ref.frame_id, "name": ref.name, "stage": "pre", "worker": args.name,
-                   "reason": exc.reason, "cycle": ref.cycle}
-        if ref.kind in ("video", "stream"):
-            failure["video"] = {"item": ref.item, "index": ref.index}
-        send_message(results_out, failure, token=args.wire.token)
+        _report_failed(exc.ref, exc.reason, args, results_out, failures, repeat=exc.repeat)
         return None, False
     except StreamError as exc:
-        log.error("%s", exc)
+        failures.log.error("%s", exc)
         stream_errors.append(str(exc))
         return None, False
     if frame is None:
         return None, True
+    test_crash(frame.ref.name)
     save_every = cfg.save_every
     position = frame.ref.index if frame.video is not None else frame.ref.frame_id  # a video keeps every N-th of its own
     keep = save_every > 0 and position % save_every == 0

@@ -29,6 +29,9 @@ import numpy as np
 import zmq
 
 LINGER_MS = 2000
+# A file name that is not valid UTF-8 is a str with surrogate escapes in Python (os.listdir);
+# strings travel with them, so such a name reaches every process, and the file, byte for byte.
+NAME_ERRORS = "surrogateescape"
 IPC_PATH_MAX_BYTES = 103  # sun_path is 104 bytes on macOS, 108 on Linux, NUL included
 ARRAYS_KEY = "arrays"
 ARRAY_KINDS = frozenset("biufc")
@@ -125,7 +128,7 @@ def send_message(
             )
         layout.append([array.dtype.str, list(array.shape)])
         payloads.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
-    packed = msgpack.packb({**header, ARRAYS_KEY: layout}, use_bin_type=True)
+    packed = msgpack.packb({**header, ARRAYS_KEY: layout}, use_bin_type=True, unicode_errors=NAME_ERRORS)
     socket.send_multipart([*envelope, token, packed, *payloads], flags=flags, copy=False)
     return len(packed) + sum(payload.nbytes for payload in payloads)
 
@@ -186,7 +189,8 @@ def _unpack_header(raw: bytes, limits: Limits) -> dict:
     if len(raw) > limits.header_bytes:
         raise ProtocolError("header-size", f"expected a header of at most {limits.header_bytes} bytes, got {len(raw)}")
     try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=limits.str_len,
+        header = msgpack.unpackb(raw, raw=False, unicode_errors=NAME_ERRORS, strict_map_key=True,
+                                 max_str_len=limits.str_len,
                                  max_bin_len=limits.bin_len, max_array_len=limits.array_len,
                                  max_map_len=limits.map_len, max_ext_len=0)
     except (ValueError, TypeError, msgpack.UnpackException) as error:

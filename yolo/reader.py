@@ -189,6 +189,15 @@ class ShareReader:
             return self._read_open_live()
         return None
 
+    def skip(self) -> FrameRef | None:
+        """Consume the next planned id without reading it (a frame that killed its reader); its
+        ref, or None when no planned id is left."""
+        if self._position >= len(self._ids):
+            return None
+        ref = self._plan.ref(self._ids[self._position])
+        self._position += 1
+        return ref
+
     def stream_stats(self) -> list[StreamStats]:
         """What happened to the frames of every live stream opened so far."""
         return self._finished + [stream.stats() for stream in self._live.values()]

@@ -1,0 +1,186 @@
+"""The runner's state while a run goes, and what it does on each event: a death or a hang (restart
+or stop), an interrupt (drain, stop, kill), a deadline (duration, drain, stop, stall), progress.
+
+Every deadline is measured on the watcher's loop clock (workers.loop_clock), so time the runner
+itself was not running (SIGSTOP, Ctrl-Z, starved of CPU) re-arms them instead of ending the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+from supervisor.console import Console
+from supervisor.health import Health
+from supervisor.processes import Launcher, role_of
+from supervisor.signals import Interrupts
+from workers.config import RunConfig
+from workers.in_hand import read_in_hand
+from workers.messages import DRAIN, PEER_GONE, STOP
+from workers.transport import DropCounter, send_message
+
+log = logging.getLogger("runner")
+
+NOTICE_RESEND_S = 1.0  # PUB/SUB may drop a message to a late subscriber: repeat drain/stop
+DRAIN_TIMEOUT_S = 5.0  # after Ctrl-C/SIGTERM: frames in flight get this long to finish
+STOP_GIVE_UP_S = 15.0  # after a stop, wait this long for the collector's report, then end it all
+STALL_TIMEOUT_S = 300.0  # no frame finished for this long while all processes live and answer
+
+
+class Watch:
+    """The runner's state while the run goes: its phase, why it is stopping, what it restarted."""
+
+    def __init__(self, cfg: RunConfig, launcher: Launcher, health: Health, control_out, token: bytes,
+                 interrupts: Interrupts, console: Console):
+        self.cfg, self.launcher, self.health = cfg, launcher, health
+        self.control_out, self.token = control_out, token
+        self.interrupts, self.console = interrupts, console
+        self.clock = health.clock  # one loop clock for heartbeats and deadlines: a pause re-arms all of them
+        self.phase = "running"  # running -> draining -> stopping -> done
+        self.phase_since = self.clock.now()
+        self.reason: str | None = None
+        self.aborted = False
+        self.kill_all = False  # end every process at once instead of letting them report
+        self.finished: dict | None = None
+        self.restarts: dict[str, int] = {}
+        self.collector_died = False
+        self.last_progress: dict | None = None  # the collector's last counts, for a report without it
+        self.died_at: dict[str, int | None] = {}  # preprocess worker -> the position it held when it last died
+        self.restart_log: list[dict] = []
+        self.seen_interrupts = 0
+        self.last_notice_s = 0.0
+        self.last_done, self.last_change_s = -1, self.clock.now()
+        self.first_frame_s: float | None = None
+        self.duration_ended = False  # a --duration run: frames never read are not counted
+        self.drops = DropCounter(log)  # messages the runner refused (bad token, schema, size)
+
+    # -- notices to every process ------------------------------------------------------------------
+    def broadcast(self, header: dict) -> None:
+        send_message(self.control_out, header, token=self.token)
+
+    def enter(self, phase: str, reason: str) -> None:
+        if ["running", "draining", "stopping", "done"].index(phase) <= ["running", "draining", "stopping",
+                                                                         "done"].index(self.phase):
+            return
+        self.phase, self.phase_since = phase, self.clock.now()
+        self.reason = self.reason or reason
+        self.last_notice_s = 0.0
+
+    def repeat_notice(self) -> None:
+        now = self.clock.now()
+        if self.phase in ("draining", "stopping") and now - self.last_notice_s > NOTICE_RESEND_S:
+            notice = {"type": DRAIN, "reason": self.reason, "cancel": not self.duration_ended} \
+                if self.phase == "draining" else {"type": STOP, "reason": self.reason}
+            self.broadcast({**notice, "signal": self.interrupts.first()})
+            self.last_notice_s = now
+
+    # -- deaths, hangs, signals ----------------------------------------------------------------------
+    def on_exit(self, name: str, code: int) -> None:
+        self.launcher.forget(name)
+        self.health.forget(name)
+        if code == 0:
+            return
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        self.on_death(name, f"{name} {how}", signal.Signals(-code).name if code < 0 else None, code)
+
+    def on_stuck(self, name: str, why: str) -> None:
+        self.launcher.kill(name)
+        self.launcher.forget(name)
+        self.health.forget(name)
+        self.on_death(name, f"{why}: killed it", "SIGKILL", -signal.SIGKILL)
+
+    def on_death(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
+        role = role_of(name)
+        if role == "collector":
+            self.aborted = self.kill_all = True
+            self.collector_died = True
+            log.error("%s: the run cannot go on without its collector; the runner writes what it knows", reason)
+            self.enter("done", reason)
+            return
+        incarnation = self.launcher.incarnation(name)
+        poison = self.poison_frame(name, reason) if role == "pre" else None
+        can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
+        self.broadcast({"type": PEER_GONE, "name": name, "incarnation": incarnation, "final": not can_restart,
+                        "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(),
+                        "position": self.health.position(name)})
+        self.restart_log.append({"name": name, "incarnation": incarnation, "reason": reason, "signal": signal_name,
+                                 "exit_code": code, "restarted": can_restart})
+        if can_restart:
+            self.restarts[role] = self.restarts.get(role, 0) + 1
+            log.warning("%s: restarting it (%d of %d restarts for %s)", reason, self.restarts[role],
+                        self.cfg.max_restarts, role)
+            self.start_worker(name, start_position=self.health.position(name), poison=poison)
+            return
+        if role == "pre" or not self.launcher.alive(role):
+            log.error("%s: no %s worker can take its frames; stopping the run", reason, role)
+            self.aborted = self.aborted or self.phase == "running"
+            self.enter("stopping", reason)
+        else:
+            log.warning("%s: going on with the other %s workers", reason, role)
+
+    def poison_frame(self, name: str, reason: str) -> tuple[int, str] | None:
+        """(position, reason) when a preprocess worker died holding the frame it held when it last
+        died: that frame is failed with the reason by the next incarnation, not read again."""
+        held = read_in_hand(self.launcher.template.run_tag, name)
+        if held is not None and self.died_at.get(name) == held:
+            self.died_at[name] = None
+            log.warning("%s died twice holding the same frame (position %d of its share): it is failed, not read "
+                        "again", name, held)
+            return held, f"{name} died twice reading it ({reason})"
+        self.died_at[name] = held
+        return None
+
+    def start_worker(self, name: str, start_position: int = 0, poison: tuple[int, str] | None = None) -> None:
+        role = role_of(name)
+        device, threads = "cpu", 1
+        if role == "infer":
+            index = int(name.split("-")[1])
+            device, threads = self.cfg.devices[index % len(self.cfg.devices)], self.cfg.infer_threads
+        self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position,
+                            poison=poison or (-1, ""))
+        self.health.expect(name, self.launcher.incarnation(name), start_position, pid=self.launcher.pid(name))
+
+    def on_interrupt(self) -> None:
+        count = self.interrupts.count
+        if count == self.seen_interrupts:
+            return
+        self.seen_interrupts = count
+        what = self.interrupts.last_said()
+        if count == 1 and self.phase == "running":
+            self.console.say(f"{what}: finishing the frames in flight (at most {DRAIN_TIMEOUT_S:.0f} s); "
+                             "press Ctrl-C again to stop at once")
+            self.enter("draining", f"interrupted by {what}")
+        elif count == 2:
+            self.console.say(f"{what} again: stopping now")
+            self.enter("stopping", f"interrupted by {what}")
+        elif count >= 3:
+            self.console.say(f"{what} a third time: killing every process")
+            self.kill_all = True
+            self.enter("done", f"interrupted by {what}")
+
+    def check_deadlines(self) -> None:
+        now = self.clock.now()
+        if (self.phase == "running" and self.cfg.duration and self.first_frame_s is not None
+                and now - self.first_frame_s >= self.cfg.duration):
+            self.duration_ended = True
+            self.enter("draining", f"--duration {self.cfg.duration:g} s reached")
+        elif self.phase == "draining" and now - self.phase_since > DRAIN_TIMEOUT_S:
+            self.enter("stopping", self.reason or "drain timed out")
+        elif self.phase == "stopping" and now - self.phase_since > STOP_GIVE_UP_S:
+            log.error("no report %.0f s after the stop: ending every process", STOP_GIVE_UP_S)
+            self.aborted = self.kill_all = True
+            self.enter("done", self.reason or "stop timed out")
+        elif self.phase == "running" and now - self.last_change_s > STALL_TIMEOUT_S:
+            log.error("no frame finished for %.0f s: stopping the run", STALL_TIMEOUT_S)
+            self.aborted = True
+            self.enter("stopping", f"no frame finished for {STALL_TIMEOUT_S:.0f} s")
+
+    def on_progress(self, header: dict) -> None:
+        self.last_progress = header
+        done = header["processed"] + header["failed"]
+        if done and self.first_frame_s is None:
+            self.first_frame_s = self.clock.now()
+        if done != self.last_done:
+            self.last_done, self.last_change_s = done, self.clock.now()
+        self.console.progress(header["processed"], header["failed"])

@@ -1,0 +1,67 @@
+"""Frames whose file names are not valid UTF-8 travel byte for byte (surrogate escapes) and are
+shown safely; a frame that keeps killing its reader is failed with its reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from analysis.printable import printable
+from tests.conftest import fixture_path
+from tests.live_run import SMALL_RUN
+from workers.lifecycle import TEST_CRASH_ENV
+
+pytestmark = pytest.mark.slow
+
+BAD_NAME = b"bad\xff\xfename.jpg"
+
+
+def test_printable_shows_bytes_that_are_not_utf8_and_keeps_the_rest():
+    assert printable(os.fsdecode(BAD_NAME) + " ü") == "bad\\xff\\xfename.jpg ü"
+    assert printable("lone \ud800") == "lone \\ud800"
+
+
+def test_a_file_name_that_is_not_utf8_is_carried_byte_for_byte_and_shown_safely(live, tmp_path):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    shutil.copy(fixture_path("zidane.jpg"), folder / "ok.jpg")
+    shutil.copy(fixture_path("zidane.jpg"), os.path.join(os.fsencode(folder), BAD_NAME))
+    with open(os.path.join(os.fsencode(folder), b"broken\xff.jpg"), "wb") as f:
+        f.write(b"not a jpeg")  # a failed frame: its name goes into report.md and onto the terminal
+    run = live(*SMALL_RUN, "--preset", "none", "--source", str(folder), "--allow-failures")
+    assert run.wait() == 0, run.stderr()
+    report = run.report()
+    assert report["frames"]["processed"] == 2 and report["frames"]["failed"] == 1 and not report["restarts"]
+    (failure,) = report["frames"]["failures"]
+    assert os.fsencode(failure["name"]).startswith(b"broken\xff")  # lossless in report.json
+    assert "broken\\xff.jpg" in run.stderr(), run.stderr()
+    saved = [os.fsencode(p.name) for p in (run.run_dir / "images").iterdir()]
+    assert any(b"bad\xff\xfename" in name for name in saved), saved  # the bytes of the name, not a lookalike
+    assert "broken\\xff.jpg" in (run.run_dir / "report.md").read_text(encoding="utf-8")
+    json.loads((run.run_dir / "detections.json").read_text(encoding="ascii"))
+    assert "Traceback" not in run.stderr() and "Logging error" not in run.stderr() + run.log()
+    run.assert_clean()
+
+
+def test_a_frame_that_kills_its_reader_twice_is_failed_with_the_reason_not_read_again(live, tmp_path):
+    """pre-0 dies on poison.jpg (as in a decoder crash), is restarted, dies on it again: the next
+    incarnation fails that frame with the reason and goes on; the other frames are processed and
+    the run ends with restarts to spare (exit 3: one frame failed), not an abort."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for name in ("a.jpg", "b.jpg", "poison.jpg", "c.jpg", "d.jpg"):
+        shutil.copy(fixture_path("zidane.jpg"), folder / name)
+    run = live(*SMALL_RUN, "--preset", "none", "--source", str(folder), "--save-images", "none",
+               env={TEST_CRASH_ENV: "poison"})
+    assert run.wait() == 3, run.stderr()
+    report = run.report()
+    assert report["frames"]["processed"] == 4 and report["frames"]["failed"] == 1, report["frames"]
+    (failure,) = report["frames"]["failures"]
+    assert failure["name"] == "poison.jpg" and failure["stage"] == "pre"
+    assert failure["reason"].startswith("pre-0 died twice reading it (pre-0 exited with code 70"), failure
+    assert [r["name"] for r in report["restarts"]] == ["pre-0", "pre-0"]
+    assert "died twice holding the same frame" in run.log()
+    run.assert_clean()
