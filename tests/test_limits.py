@@ -148,7 +148,7 @@ def test_thousands_of_failed_frames_are_a_few_lines_and_a_count(live, tmp_path):
     folder = tmp_path / "bad"
     folder.mkdir()
     for i in range(40):
-        (folder / f"{i:03d}.txt").write_text("not an image")
+        (folder / f"{i:03d}.jpg").write_text("not an image")  # a media name that does not decode: a failed frame
     run = live(*SMALL_RUN, "--preset", "none", "--source", str(folder), "--allow-failures")
     assert run.wait() == 0, run.stderr()
     err = run.stderr()
