@@ -12,6 +12,12 @@
 # env.txt, tests.log, gpu.log + gpu.json, cores.log + cores.json. Each step has its own time
 # limit (seconds, overridable: TESTS_S, GPU_S, CORES_S); a failed step does not stop the next.
 # TESTS=paths narrows the CUDA tests, ONLY=keys the GPU benchmark's contenders (bench_gpu.py --only).
+#
+# Before sending the tree to a GPU machine that has no package index (both folders are ignored):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 -d .whl pyzmq setproctitle pycocotools
+#   mkdir -p .gpu/fixtures && cp ../shared/fixtures/* .gpu/fixtures/   # (.gpu/ in .git/info/exclude)
 set -u
 cd "$(dirname "$0")/.."
 DEVICE=cuda
