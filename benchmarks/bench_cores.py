@@ -29,7 +29,6 @@ from bench_gpu import FIXTURES, make_frame_set, median  # noqa: E402  (benchmark
 from bench_pipeline import OWN_FPS_LINE, cpu_model, fmt  # noqa: E402
 from interleave import rotated, rounds_within  # noqa: E402
 
-from workers.host import usable_cores  # noqa: E402
 from yolo.precision import read_cpu_flags  # noqa: E402
 
 COMMAND_TIMEOUT_S = 300.0
