@@ -25,7 +25,10 @@ def test_whole_records_keep_every_line_that_parses_up_to_the_cut():
 def test_a_killed_collector_leaves_valid_detections_and_the_runners_report(live, yolov5n_path, fixtures_dir):
     run = live(*SMALL_RUN, "--weights", str(yolov5n_path), "--source", str(fixtures_dir / "bus.jpg"), "--imgsz", "320",
                "--frames", "200", "--save-images", "1", env={TEST_SLOW_ENV: "post:30"})
-    run.wait_for_images(5)
+    # 20 frames take postprocess at least 0.6 s (30 ms each): the collector has sent the runner its
+    # progress (every 0.25 s) by then, so the runner's report knows of processed frames. After 5
+    # (0.15 s) an idle machine could kill it before the first progress, and the report said 0.
+    run.wait_for_images(20)
     run.wait_for_stage("collector").send_signal(signal.SIGKILL)
     assert run.wait() == 1, run.stderr()
     assert "collector killed by SIGKILL: the run cannot go on without its collector" in run.stderr(), run.stderr()
