@@ -35,7 +35,7 @@ def mask_of(pid, field="SigBlk"):
 
 def test_a_signal_during_a_child_start_waits_and_the_child_starts_with_it_blocked():
     got = run_python(MASK_OF + '''
-import json, os, signal, subprocess, sys
+import json, os, signal, subprocess, sys, time
 from supervisor.signals import Interrupts, signals_held
 interrupts = Interrupts().install()
 with signals_held():
@@ -43,6 +43,9 @@ with signals_held():
     os.kill(os.getpid(), signal.SIGINT)
     os.kill(os.getpid(), signal.SIGTERM)
     during = list(interrupts.received)
+deadline = time.monotonic() + 5  # one taken by another thread reaches the main thread's handler a moment later
+while len(interrupts.received) < 2 and time.monotonic() < deadline:
+    time.sleep(0.005)
 after = list(interrupts.received)
 child_mask = mask_of(child.pid)
 child.kill()
@@ -50,10 +53,11 @@ print(json.dumps({"during": during, "after": after, "child": child_mask, "runner
 ''')
     # The runner's own mask holds them only where no other thread has them open: numpy's import
     # starts OpenBLAS's pool, whose threads may take a process-directed signal, and Python then runs
-    # the handler (a flag, nothing more) in the main thread inside the window. Either way none is
-    # lost, and the child's mask, copied from the starting thread, has all three blocked.
+    # the handler (a flag, nothing more) in the main thread inside the window, or just after it.
+    # Either way none is lost, and the child's mask, copied from the starting thread, has all three
+    # blocked.
     assert got["during"] == got["after"][:len(got["during"])], "handled at most once, in order"
-    assert sorted(got["after"]) == ["SIGINT", "SIGTERM"], "and handled by the time the window ends, not lost"
+    assert sorted(got["after"]) == ["SIGINT", "SIGTERM"], "and handled, not lost"
     assert blocked(got["child"]) == STOP_BITS and blocked(got["runner"]) == set(), got
 
 
