@@ -97,13 +97,18 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                     a.out, False, only)
 
 
-def make_frame_set(images: str) -> str:
-    """The photos of ``images`` at each of SCALES, as JPEG files in a temporary folder."""
-    import cv2
-    folder = tempfile.mkdtemp(prefix=FRAME_SET_PREFIX)
+def photos_in(images: str) -> list[str]:
     photos = sorted(f for f in os.listdir(images) if f.lower().endswith((".jpg", ".jpeg", ".png")))
     if not photos:
         raise SystemExit(f"error: --images: expected photos in {images!r}, got none")
+    return photos
+
+
+def make_frame_set(images: str) -> str:
+    """The photos of ``images`` at each of SCALES, as JPEG files in a temporary folder."""
+    import cv2
+    photos = photos_in(images)
+    folder = tempfile.mkdtemp(prefix=FRAME_SET_PREFIX)
     for name in photos:
         image = cv2.imread(os.path.join(images, name))
         for scale in SCALES:
@@ -116,7 +121,8 @@ def make_frame_set(images: str) -> str:
 def contenders(s: Settings, frames: str) -> list[Contender]:
     py, half = sys.executable, "fp16" if s.device.startswith("cuda") else "bf16"
     small = s.dry
-    loop = (py, "benchmarks/model_rates.py", "--weights", s.weights, "--images", os.path.join(s.images, "bus.jpg"),
+    photo = os.path.join(s.images, photos_in(s.images)[0])
+    loop = (py, "benchmarks/model_rates.py", "--weights", s.weights, "--images", photo,
             "--device", s.device, "--batch-sizes", ",".join(map(str, s.batch_sizes)),
             "--precisions", f"{half},fp32", "--rounds", "2", "--forwards", "2" if small else "50")
     yolo = (py, "-m", "yolo", "--weights", s.weights, "--source", frames, "--device", s.device, "--quiet",
