@@ -319,10 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     s = parse_args(argv)
     t_start = time.perf_counter()
     info = gpu_info(s.device)
-    frames = make_frame_set(s.images)
-    cs = [c for c in contenders(s, frames) if not s.only or c.key in s.only]
+    cs = [c for c in contenders(s, "FRAMES") if not s.only or c.key in s.only]
     if not cs:
         raise SystemExit(f"error: --only: no contender is named {', '.join(s.only)}")
+    frames = make_frame_set(s.images)
+    cs = [c for c in contenders(s, frames) if not s.only or c.key in s.only]
     rounds: list[dict] = []
     try:
         for r in rounds_within(s.rounds, s.budget_s, t_start):
