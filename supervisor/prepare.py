@@ -89,8 +89,13 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     return resolved, machine, names
 
 
+def _runs_openvino(cfg: RunConfig) -> bool:
+    """OpenVINO runs a model in this run (a model-free run has none to convert)."""
+    return cfg.backend == "openvino" and (cfg.preset != MODEL_FREE or bool(cfg.weights))
+
+
 def _check_backend(cfg: RunConfig, on_cuda: bool) -> None:
-    if cfg.backend != "openvino" or cfg.preset == MODEL_FREE and not cfg.weights:
+    if not _runs_openvino(cfg):
         return
     if on_cuda:
         raise ConfigError(f"config backend: openvino runs on the CPU here; expected device cpu, got {cfg.device!r} "
@@ -103,7 +108,7 @@ def _check_backend(cfg: RunConfig, on_cuda: bool) -> None:
 def prepare_backend(cfg: RunConfig) -> None:
     """Convert the model for OpenVINO now, once, into its disk cache, so that no inference process
     converts it (seconds each, all at once); a cached conversion is only checked."""
-    if cfg.backend != "openvino" or cfg.preset == MODEL_FREE and not cfg.weights:
+    if not _runs_openvino(cfg):
         return
     from yolo.openvino_model import OpenVinoError, converted_model_path
     try:
