@@ -185,7 +185,7 @@ def prepare(cfg, download_dir: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from yolo.downloads import DownloadFolder
+    from inputs.downloads import DownloadFolder
     with DownloadFolder() as download_dir:  # a video URL fetched whole lives there until the run ends
         return run_main(argv, download_dir)
 

@@ -24,7 +24,7 @@ class RunData:
     machine: {"cores", "device_type": "cpu" | "cuda", "bf16"}; empty: read from environment/config.
     stop: {"reason", "signal"}; outputs: {"images_saved", "image_error"}.
     predictions: ``predictions.json`` (pycocotools' loadRes reads it).
-    sources: {"streams": [yolo.streams.StreamStats as dicts], "stream_errors": [str],
+    sources: {"streams": [inputs.streams.StreamStats as dicts], "stream_errors": [str],
         "dropped_at_source": int, "videos": [{"video", "frames", "missing", "fps"}]}.
     """
 

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def variants(a: argparse.Namespace, bf16: bool) -> dict[tuple, object]:
     """(backend, precision, timed) -> a model called as model(x); threads are set per call."""
-    from yolo.openvino_model import OpenVinoModel
+    from backends.openvino import OpenVinoModel
     out = {}
     for precision in ("fp32", "bf16") if bf16 else ("fp32",):
         for timed in (False, True):

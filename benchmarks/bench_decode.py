@@ -2,7 +2,7 @@
 how much decode time it saves, image by image.
 
 Detections come from the same model on a full decode and on a reduced one (the factor of
-``yolo.imageio.reduction_for``), the reduced boxes mapped back to full-size pixels with
+``inputs.imageio.reduction_for``), the reduced boxes mapped back to full-size pixels with
 ``yolo.boxes.unreduce_boxes``; pairs are matched greedily by IoU (any class, IoU >= 0.5). Per
 image it prints: the factor, detections, the largest box shift in pixels (the largest
 coordinate difference of a matched pair), the lowest and mean matched IoU, class changes, and
@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from yolo.boxes import box_iou, unreduce_boxes  # noqa: E402
 from yolo.checkpoint import load_model  # noqa: E402
-from yolo.detect import DetectOptions, candidates_for_batch, final_detections  # noqa: E402
-from yolo.imageio import DecodeOptions, decode_image  # noqa: E402
+from sequential.detect import DetectOptions, candidates_for_batch, final_detections  # noqa: E402
+from inputs.imageio import DecodeOptions, decode_image  # noqa: E402
 from yolo.letterbox import letterbox  # noqa: E402
 from yolo.tensors import to_tensor  # noqa: E402
 

@@ -69,9 +69,9 @@ def model_loop(args: argparse.Namespace) -> int:
     import torch
 
     from yolo.checkpoint import CheckpointError, load_model
-    from yolo.detect import DetectOptions, candidates_for_batch
+    from sequential.detect import DetectOptions, candidates_for_batch
     from yolo.devices import resolve_device
-    from yolo.imageio import DecodeOptions, read_image
+    from inputs.imageio import DecodeOptions, read_image
     from yolo.letterbox import letterbox
     from yolo.precision import choose_precision
     from yolo.tensors import to_tensor
@@ -105,7 +105,7 @@ def decode_share(job: tuple) -> int:
     import cv2
 
     from yolo.letterbox import bgr_to_rgb_chw, letterbox
-    from yolo.sources import FrameReader
+    from inputs.sources import FrameReader
 
     plan, worker, workers, imgsz, rect = job
     cv2.setNumThreads(1)
@@ -120,7 +120,7 @@ def decode_share(job: tuple) -> int:
 
 def decode_loop(args: argparse.Namespace) -> int:
     from workers.host import usable_cores
-    from yolo.sources import plan_frames
+    from inputs.sources import plan_frames
 
     try:
         plan = plan_frames(args.source, args.frames)

@@ -63,7 +63,7 @@ def letterboxed_input(args: argparse.Namespace):
     """uint8 BGR HxWx3 letterboxed as the pipeline's preprocess would."""
     import numpy as np
 
-    from yolo.imageio import DecodeOptions, read_image
+    from inputs.imageio import DecodeOptions, read_image
     from yolo.letterbox import letterbox
 
     image = read_image(args.images[0], DecodeOptions(imgsz=args.imgsz))[0] if args.images else \
@@ -97,7 +97,7 @@ def measure(args: argparse.Namespace) -> dict:
     import torch
 
     from yolo.checkpoint import load_model
-    from yolo.detect import DetectOptions, candidates_for_batch
+    from sequential.detect import DetectOptions, candidates_for_batch
     from yolo.devices import resolve_device
     from yolo.tensors import to_tensor
 

@@ -110,7 +110,7 @@ def prepare_backend(cfg: RunConfig) -> None:
     converts it (seconds each, all at once); a cached conversion is only checked."""
     if not _runs_openvino(cfg):
         return
-    from yolo.openvino_model import OpenVinoError, converted_model_path
+    from backends.openvino import OpenVinoError, converted_model_path
     try:
         path, converted = converted_model_path(cfg.weights or None, preset=cfg.preset, fuse=cfg.fuse)
     except OpenVinoError as exc:
@@ -178,10 +178,10 @@ DURATION_FPS_CEILING = 10_000
 
 def plan_source(cfg: RunConfig, download_dir: str = ""):
     """The frame plan; with --duration over a finite source, enough looped frames to outlast it.
-    A video URL whose server cannot seek is downloaded into ``download_dir`` (see yolo.downloads)."""
-    from yolo.imageio import set_opencv_pixel_limit
-    from yolo.sources import plan_frames
-    from yolo.streams import StreamOptions
+    A video URL whose server cannot seek is downloaded into ``download_dir`` (see inputs.downloads)."""
+    from inputs.imageio import set_opencv_pixel_limit
+    from inputs.sources import plan_frames
+    from inputs.streams import StreamOptions
     set_opencv_pixel_limit(cfg.max_pixels)  # before any stage loads OpenCV: it reads the limit at import
     frames = cfg.frames or None
     streams = StreamOptions(download_dir=download_dir)
@@ -287,7 +287,7 @@ def _aligned(nbytes: int) -> int:
 def _largest_frame_hw(plan) -> tuple[int, int]:
     """The largest frame the plan's items hold, from what planning probed (videos), the
     synthetic scenes, and the headers of up to PROBED_FILES images."""
-    from yolo.synthetic import SYNTHETIC_SHAPES
+    from inputs.synthetic import SYNTHETIC_SHAPES
     sizes = [DEFAULT_ORIGINAL_HW]
     images = [item.location for item in plan.items if item.kind == "image"][:PROBED_FILES]
     sizes += [hw for hw in map(_image_hw, images) if hw is not None]
@@ -298,7 +298,7 @@ def _largest_frame_hw(plan) -> tuple[int, int]:
 
 
 def _image_hw(path: str) -> tuple[int, int] | None:
-    from yolo.imageio import image_size
+    from inputs.imageio import image_size
     try:
         with open(path, "rb") as f:
             size = image_size(f.read(HEADER_BYTES))

@@ -8,9 +8,9 @@ import torch
 
 from tests.conftest import fixture_path
 from tests.media import MediaServer, write_video
-from yolo.detect import DetectOptions, annotated_name, run_sequential
-from yolo.imageio import DecodeOptions
-from yolo.sources import plan_frames
+from sequential.detect import DetectOptions, annotated_name, run_sequential
+from inputs.imageio import DecodeOptions
+from inputs.sources import plan_frames
 
 
 @pytest.mark.parametrize("name, cycle, expected", [

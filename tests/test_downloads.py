@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from tests.media import MediaServer
-from yolo.downloads import DownloadFolder, probe_ranges
-from yolo.frames import StreamError
-from yolo.reader import FrameReader
-from yolo.sources import plan_frames
-from yolo.streams import StreamOptions
+from inputs.downloads import DownloadFolder, probe_ranges
+from inputs.frames import StreamError
+from inputs.reader import FrameReader
+from inputs.sources import plan_frames
+from inputs.streams import StreamOptions
 
 FRAMES, SIZE = 100, (320, 240)  # an MP4 this large cannot be read from a server that cannot seek
 QUICK = dict(open_timeout_ms=3000, read_timeout_ms=2000, reconnect_attempts=1, reconnect_backoff_s=0.1)

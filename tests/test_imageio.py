@@ -12,8 +12,8 @@ import torch
 
 from tests.conftest import REPO_ROOT
 from yolo.boxes import unreduce_boxes
-from yolo.frames import FrameReadError
-from yolo.imageio import DecodeOptions, decode_image, image_size, read_image, reduction_for
+from inputs.frames import FrameReadError
+from inputs.imageio import DecodeOptions, decode_image, image_size, read_image, reduction_for
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
@@ -75,7 +75,7 @@ def test_pixel_limit_is_checked_before_decoding(tmp_path):
         read_image(str(path), DecodeOptions())
     script = textwrap.dedent(f"""
         import resource, sys
-        from yolo.imageio import DecodeOptions, read_image
+        from inputs.imageio import DecodeOptions, read_image
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         if sys.argv[1] == "read":
             try:
@@ -101,7 +101,7 @@ def test_opencv_pixel_limit_reaches_spawned_processes(tmp_path):
     script.write_text(textwrap.dedent("""
         import multiprocessing
         import numpy as np
-        from yolo.imageio import DecodeOptions, decode_image, set_opencv_pixel_limit
+        from inputs.imageio import DecodeOptions, decode_image, set_opencv_pixel_limit
 
         def decode(_):
             import cv2

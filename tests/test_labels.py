@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from yolo.labels import frame_stem, label_lines, label_path, write_label_file
-from yolo.sources import split_video_frame
+from yolo.labels import split_video_frame
 
 SHAPE_HW = (1080, 810)
 

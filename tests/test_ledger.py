@@ -8,7 +8,7 @@ import pytest
 
 from analysis.atomic import JsonListFile
 from workers.ledger import FRAME_TIMES, OPEN_ID_SLACK, Ledger
-from yolo.plans import FramePlan, SourceItem
+from inputs.plans import FramePlan, SourceItem
 
 
 def _plan(total, open_ended=False):

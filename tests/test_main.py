@@ -3,7 +3,7 @@ are checked before anything loads."""
 
 import pytest
 
-from yolo.__main__ import main, parse_args
+from sequential.cli import main, parse_args
 
 
 @pytest.mark.parametrize("flags, rect", [([], True), (["--rect"], True), (["--square"], False)])

@@ -16,13 +16,13 @@ import torch
 
 from tests.conftest import REPO_ROOT, fixture_path
 from tests.test_detect_bus import BF16_MAX_SCORE_DIFF, BF16_MIN_IOU, _assert_matches
-from yolo.detect import DetectOptions, candidates_for_batch, final_detections
+from sequential.detect import DetectOptions, candidates_for_batch, final_detections
 from yolo.letterbox import letterbox
 from yolo.precision import has_native_bf16, read_cpu_flags
 from yolo.tensors import to_tensor
 
 pytest.importorskip("openvino", reason="the openvino package is not installed")
-from yolo.openvino_model import OpenVinoModel, converted_model_path  # noqa: E402
+from backends.openvino import OpenVinoModel, converted_model_path  # noqa: E402
 
 FP32_MIN_IOU = 0.99
 FP32_MAX_SCORE_DIFF = 1e-3

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from yolo.plans import FramePlan, SourceItem, plan_lengths
+from inputs.plans import FramePlan, SourceItem, plan_lengths
 
 
 def plan_of(spec: str, frames: int | None = None) -> FramePlan:

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from tests.media import FakeLive, grey_level, tiny_image, write_video
-from yolo.frames import FrameReadError, FrameRef, StreamError
-from yolo.reader import FrameReader, ShareReader
-from yolo.plans import FramePlan, SourceItem, plan_lengths
-from yolo.sources import plan_frames
-from yolo.streams import StreamOptions
-from yolo.synthetic import synthetic_image
+from inputs.frames import FrameReadError, FrameRef, StreamError
+from inputs.reader import FrameReader, ShareReader
+from inputs.plans import FramePlan, SourceItem, plan_lengths
+from inputs.sources import plan_frames
+from inputs.streams import StreamOptions
+from inputs.synthetic import synthetic_image
 
 VIDEO_FRAMES = 12
 QUICK = StreamOptions(open_timeout_ms=2000, read_timeout_ms=2000, reconnect_attempts=1, reconnect_backoff_s=0.01)
@@ -199,7 +199,7 @@ def test_reduced_decode_through_the_reader(tmp_path):
     cv2.rectangle(image, (100, 200), (700, 900), (255, 255, 255), -1)
     assert cv2.imwrite(str(tmp_path / "big.jpg"), image)
     assert cv2.imwrite(str(tmp_path / "big.png"), image)
-    from yolo.imageio import DecodeOptions
+    from inputs.imageio import DecodeOptions
     plan = plan_frames(str(tmp_path))
     with ShareReader(plan, decode=DecodeOptions("reduced", imgsz=320)) as reader:
         jpeg, png = reader.next(), reader.next()

@@ -4,10 +4,10 @@ import cv2
 import pytest
 
 from tests.media import MediaServer, tiny_image, write_video
-from yolo.frames import FrameRef
-from yolo.plans import FramePlan, SourceItem
-from yolo.sources import plan_frames
-from yolo.streams import StreamOptions
+from inputs.frames import FrameRef
+from inputs.plans import FramePlan, SourceItem
+from inputs.sources import plan_frames
+from inputs.streams import StreamOptions
 
 VIDEO_FRAMES = 12
 QUICK = StreamOptions(open_timeout_ms=2000, read_timeout_ms=2000, reconnect_attempts=1, reconnect_backoff_s=0.01)

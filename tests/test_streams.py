@@ -4,10 +4,10 @@ import time
 import pytest
 
 from tests.media import FakeLive, MediaServer, grey_level, write_video
-from yolo.frames import FrameReadError, StreamError
-from yolo.reader import ShareReader
-from yolo.sources import plan_frames
-from yolo.streams import LiveStream, StreamOptions, VideoReader, stream_name, url_name
+from inputs.frames import FrameReadError, StreamError
+from inputs.reader import ShareReader
+from inputs.sources import plan_frames
+from inputs.streams import LiveStream, StreamOptions, VideoReader, stream_name, url_name
 
 CLIP_FRAMES = 40
 QUICK = StreamOptions(open_timeout_ms=1000, read_timeout_ms=500, reconnect_attempts=2, reconnect_backoff_s=0.01)

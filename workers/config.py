@@ -144,8 +144,8 @@ class RunConfig:
             else int(self.save_images)
 
     def detect_options(self):
-        """The options of yolo.detect that inference and postprocess share."""
-        from yolo.detect import DetectOptions  # imported here: the runner reads configs without torch
+        """The options of sequential.detect that inference and postprocess share."""
+        from sequential.detect import DetectOptions  # imported here: the runner reads configs without torch
         return DetectOptions(imgsz=self.imgsz, rect=self.rect, conf_thres=self.conf_thres,
                              iou_thres=self.iou_thres, classes=tuple(self.classes) or None,
                              agnostic=self.agnostic_nms, max_det=self.max_det)

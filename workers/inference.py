@@ -25,7 +25,7 @@ from workers.preprocess import LETTERBOX_STRIDE
 from workers.slots import SlotError, SlotViews
 from workers.transport import DropCounter, ProtocolError, make_socket, send_message
 from yolo.checkpoint import load_model
-from yolo.detect import DetectOptions, candidates_for_batch
+from sequential.detect import DetectOptions, candidates_for_batch
 from yolo.model import C3, SPPF, Bottleneck, Conv, Detect
 from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
@@ -50,7 +50,7 @@ def load_backend(cfg, device: torch.device, precision: str, threads: int):
     ``TimedModule``, or the OpenVINO model (converted by the runner beforehand) timed by its own
     counters. Both are called alike: float batch in, decoded predictions out."""
     if cfg.backend == "openvino":
-        from yolo.openvino_model import OpenVinoModel
+        from backends.openvino import OpenVinoModel
         model = OpenVinoModel(cfg.weights or None, preset=cfg.preset, precision=precision, threads=threads,
                               fuse=cfg.fuse, timing=cfg.module_timing, keep_span_forwards=cfg.trace_module_forwards)
         return model, model.timing

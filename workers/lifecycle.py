@@ -85,7 +85,7 @@ class StageArgs:
     name: str  # e.g. "infer-1"
     index: int
     config: object  # workers.config.RunConfig
-    plan: object  # yolo.sources.FramePlan
+    plan: object  # inputs.sources.FramePlan
     endpoints: Endpoints
     wire: Wire
     log_path: str

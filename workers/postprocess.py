@@ -27,7 +27,7 @@ from workers.transport import DropCounter, ProtocolError, make_socket, send_mess
 from yolo.boxes import unreduce_boxes
 from yolo.coco import coco_results
 from yolo.crops import crop_box, crop_paths
-from yolo.detect import annotated_name, detection_records, final_detections
+from sequential.detect import annotated_name, detection_records, final_detections
 from yolo.draw import DrawOptions, draw_detections
 from yolo.labels import label_lines, label_path
 from yolo.letterbox import LetterboxInfo

@@ -20,10 +20,10 @@ from workers.links import Downstream
 from workers.messages import FAILED, RELEASE, validate
 from workers.slots import SHM_DIR, SlotRing, segment_name
 from workers.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
-from yolo.frames import Frame, FrameReadError, StreamError
-from yolo.imageio import DecodeOptions
+from inputs.frames import Frame, FrameReadError, StreamError
+from inputs.imageio import DecodeOptions
 from yolo.letterbox import bgr_to_rgb_chw, letterbox
-from yolo.reader import ShareReader
+from inputs.reader import ShareReader
 
 log = logging.getLogger(__name__)
 

@@ -89,7 +89,7 @@ def unreduce_boxes(boxes: Tensor, reduction: int, original_shape: Sequence[int])
 
     Args:
         boxes (Tensor[N, 4]): boxes in ``(x1, y1, x2, y2)`` format, reduced-image pixels.
-        reduction (int): 1, 2, 4 or 8 (:attr:`yolo.frames.Frame.reduction`).
+        reduction (int): 1, 2, 4 or 8 (:attr:`inputs.frames.Frame.reduction`).
         original_shape (Sequence[int]): ``(H, W)`` of the full-size image.
 
     Returns:

@@ -10,9 +10,17 @@ from collections.abc import Sequence
 from torch import Tensor
 from torchvision.ops import box_convert
 
-from yolo.sources import split_video_frame
 
 LABELS_DIR = "labels"
+
+
+def split_video_frame(name: str) -> tuple[str, int] | None:
+    """``"clip.mp4:000017"`` (a video frame's name, see :meth:`FramePlan.ref`) -> ``("clip.mp4", 17)``,
+    the frame's number in the video counted from 1; None for any other frame name."""
+    video, sep, index = name.rpartition(":")
+    if not (sep and video and index.isascii() and index.isdigit()):
+        return None
+    return video, int(index)
 
 
 def frame_stem(name: str) -> str:
@@ -40,7 +48,7 @@ def label_lines(dets: Tensor, image_shape_hw: Sequence[int], save_conf: bool = F
 
     Args:
         dets (Tensor[M, 6]): ``(x1, y1, x2, y2, score, class)`` rows in original-image pixels,
-            best score first (as :func:`yolo.detect.final_detections` gives them).
+            best score first (as :func:`sequential.detect.final_detections` gives them).
         image_shape_hw (Sequence[int]): ``(h, w)`` of the original image.
         save_conf (bool): append the score to each line (detect.py's ``--save-conf``).
 

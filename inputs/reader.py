@@ -1,19 +1,19 @@
 """Reading the frames of a plan inside one process.
 
-- :class:`ShareReader` reads one worker's share of a :class:`yolo.plans.FramePlan`, one
+- :class:`ShareReader` reads one worker's share of a :class:`inputs.plans.FramePlan`, one
   frame per :meth:`ShareReader.next` call, so a worker reads only when the pipeline has room.
 - :class:`FrameReader` reads a finite frame (image, video, synthetic, broken) by its
-  :class:`~yolo.frames.FrameRef`, in any order; :class:`ShareReader` uses one.
+  :class:`~inputs.frames.FrameRef`, in any order; :class:`ShareReader` uses one.
 
 Contract of :meth:`ShareReader.next`, with ``position`` the number of the worker's ids consumed:
 
-- returns a :class:`~yolo.frames.Frame` and consumes its id;
-- raises :class:`~yolo.frames.FrameReadError` (``.ref`` names the frame) and consumes its id:
+- returns a :class:`~inputs.frames.Frame` and consumes its id;
+- raises :class:`~inputs.frames.FrameReadError` (``.ref`` names the frame) and consumes its id:
   report it as failed;
-- raises :class:`~yolo.frames.StreamError` and consumes no id: that video URL or live stream is
+- raises :class:`~inputs.frames.StreamError` and consumes no id: that video URL or live stream is
   given up; call ``next`` again to go on with the other items. A finite plan's remaining ids of
   that stream then come out as :class:`FrameReadError` without waiting, so every planned id is
-  still consumed exactly once, in :meth:`yolo.plans.FramePlan.worker_ids` order;
+  still consumed exactly once, in :meth:`inputs.plans.FramePlan.worker_ids` order;
 - returns None when the share is done: every planned id consumed and, in an open-ended plan,
   every live stream given up.
 
@@ -30,11 +30,11 @@ from typing import Callable
 import cv2
 import numpy as np
 
-from yolo.frames import Frame, FrameReadError, FrameRef, StreamError, VideoInfo
-from yolo.imageio import DecodeOptions, read_image
-from yolo.plans import FramePlan
-from yolo.streams import LiveStream, StreamOptions, StreamStats, VideoReader, open_capture
-from yolo.synthetic import synthetic_image
+from inputs.frames import Frame, FrameReadError, FrameRef, StreamError, VideoInfo
+from inputs.imageio import DecodeOptions, read_image
+from inputs.plans import FramePlan
+from inputs.streams import LiveStream, StreamOptions, StreamStats, VideoReader, open_capture
+from inputs.synthetic import synthetic_image
 
 Opener = Callable[[str, StreamOptions], cv2.VideoCapture]
 

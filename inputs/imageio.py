@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from yolo.frames import FrameReadError
+from inputs.frames import FrameReadError
 
 DEFAULT_MAX_PIXELS = 100_000_000
 DECODE_MODES = ("full", "reduced")

@@ -3,11 +3,11 @@
 - :class:`VideoReader` reads a finite video (a file, or an http(s) URL with a known frame
   count) frame by frame, nothing dropped. A URL that stops sending or closes the connection is
   reopened at the frame it stopped at, up to ``reconnect_attempts`` times in a row without a
-  new frame, then :class:`~yolo.frames.StreamError`.
+  new frame, then :class:`~inputs.frames.StreamError`.
 - :class:`LiveStream` reads a camera, an rtsp/rtmp/... URL or an http stream of unknown length
   with a grabber thread that keeps only the newest frame, so a slow consumer never falls behind
   the live source; the frames it overwrites are counted (:class:`StreamStats`). It reconnects
-  like :class:`VideoReader` and then raises :class:`~yolo.frames.StreamError` from
+  like :class:`VideoReader` and then raises :class:`~inputs.frames.StreamError` from
   :meth:`LiveStream.next`.
 
 URLs open with FFmpeg and the open/read timeouts of :class:`StreamOptions`
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import cv2
 import numpy as np
 
-from yolo.frames import FrameReadError, StreamError, VideoInfo
+from inputs.frames import FrameReadError, StreamError, VideoInfo
 
 STREAM_OPEN_TIMEOUT_MS = 10_000
 STREAM_READ_TIMEOUT_MS = 5_000
@@ -53,7 +53,7 @@ class StreamOptions:
         reconnect_backoff_s (float): wait before the first reconnect; doubles after each.
         reconnect_backoff_max_s (float): the longest wait between reconnects.
         download_dir (str): where planning downloads a video URL whose server does not answer
-            Range requests (see :mod:`yolo.downloads`); "" reads every URL as it streams.
+            Range requests (see :mod:`inputs.downloads`); "" reads every URL as it streams.
     """
 
     open_timeout_ms: int = STREAM_OPEN_TIMEOUT_MS

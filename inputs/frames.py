@@ -2,8 +2,8 @@
 metadata of the video or stream it came from (:class:`VideoInfo`), and the two ways a read
 goes wrong (:class:`FrameReadError` for one frame, :class:`StreamError` for a whole stream).
 
-Plain data shared by the plans (:mod:`yolo.plans`), the decoders (:mod:`yolo.imageio`,
-:mod:`yolo.streams`) and the readers (:mod:`yolo.reader`).
+Plain data shared by the plans (:mod:`inputs.plans`), the decoders (:mod:`inputs.imageio`,
+:mod:`inputs.streams`) and the readers (:mod:`inputs.reader`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class FrameRef:
             source frame number counted from 1, as detect.py counts), ``"camera0:000018"``
             (``index + 1``),
             ``"synthetic/00017.jpg"``. URLs are named without scheme and credentials.
-        item (int): index of the item in :attr:`yolo.plans.FramePlan.items`.
+        item (int): index of the item in :attr:`inputs.plans.FramePlan.items`.
         index (int): position of the frame within its item, after ``vid_stride``: 0 for an
             image; for a live stream, how many frames of that stream came before it.
         cycle (int): how many full passes over the source came before this frame.
@@ -101,7 +101,7 @@ class FrameReadError(ValueError):
 
     Attributes:
         reason (str): the message, naming the file or stream and what went wrong.
-        ref (FrameRef | None): the frame; set by the readers of :mod:`yolo.reader`.
+        ref (FrameRef | None): the frame; set by the readers of :mod:`inputs.reader`.
         repeat (bool): the reason was given already for an earlier frame of the same video
             (one that was given up), so a log need not say it again.
     """

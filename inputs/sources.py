@@ -2,19 +2,19 @@
 
 Sources (:func:`plan_frames`):
 
-- ``"synthetic"``: ``synthetic_count`` generated scenes (:mod:`yolo.synthetic`).
+- ``"synthetic"``: ``synthetic_count`` generated scenes (:mod:`inputs.synthetic`).
 - an image file (:data:`IMAGE_EXTENSIONS`) or a video file (:data:`VIDEO_EXTENSIONS`).
 - a directory, searched recursively, following directory symlinks (a directory reached twice,
   e.g. through a symlink loop, is listed once). Images are images and videos are read frame by
   frame. Files whose extension is neither an image's nor a video's (a YOLO dataset's
   ``labels/*.txt`` and ``data.yaml``) are left out, as detect.py leaves them out, and counted
-  (:attr:`FramePlan.skipped_files <yolo.plans.FramePlan.skipped_files>`). Every other entry
+  (:attr:`FramePlan.skipped_files <inputs.plans.FramePlan.skipped_files>`). Every other entry
   still becomes an item, of kind ``"broken"``, that yields one failed frame with its reason:
   ``"broken symlink -> target"``, ``"unreadable file (permission denied)"``, ``"not a regular
   file"``, ``"cannot open video"``, ``"cannot decode"`` (later, when read), ``"cannot list
   directory (...)"``. Hidden entries (names starting with ``.``: ``.git``, ``.DS_Store``,
   ``._x.jpg``) are left out, as ``ls`` and ``glob`` leave them out, and counted in
-  :attr:`FramePlan.skipped <yolo.plans.FramePlan.skipped>` with the directories listed twice.
+  :attr:`FramePlan.skipped <inputs.plans.FramePlan.skipped>` with the directories listed twice.
 - a glob (``data/**/*.jpg``): the files it matches, classified like a directory's entries; the
   directories it matches are ignored (``**`` descends).
 - a ``.txt`` list: one source per line (blank lines and ``#`` comments ignored): a path
@@ -22,17 +22,17 @@ Sources (:func:`plan_frames`):
   index. Lines that name nothing readable become ``"broken"`` items.
 - a camera index (``"0"``, ``"1"``): a live stream from ``cv2.VideoCapture(int)``. A source
   made of digits is always a camera; write ``./0`` for a file named ``0``.
-- a URL of :data:`yolo.streams.URL_SCHEMES`. An http(s) URL is opened once here: with a known
+- a URL of :data:`inputs.streams.URL_SCHEMES`. An http(s) URL is opened once here: with a known
   frame count it is a video, read frame by frame like a file; without one it is a live stream.
   A video from a server that does not answer Range requests is downloaded first where the
-  caller gives ``StreamOptions.download_dir`` (see :mod:`yolo.downloads`).
+  caller gives ``StreamOptions.download_dir`` (see :mod:`inputs.downloads`).
   Other schemes (rtsp, rtmp, ...) are live streams and are not opened here.
 
 A source that names nothing usable (a missing path, an empty directory, an unsupported or
 unopenable single file, a glob that matches nothing) is a :class:`ValueError`.
 
-:func:`plan_frames` turns a source into a :class:`~yolo.plans.FramePlan` (frame ids and worker
-shares: see :mod:`yolo.plans`); :class:`~yolo.reader.ShareReader` reads one worker's share.
+:func:`plan_frames` turns a source into a :class:`~inputs.plans.FramePlan` (frame ids and worker
+shares: see :mod:`inputs.plans`); :class:`~inputs.reader.ShareReader` reads one worker's share.
 ``FrameReader``, ``FrameReadError`` and ``FrameRef`` are re-exported for existing callers.
 """
 
@@ -41,11 +41,11 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-from yolo.downloads import download, probe_ranges
-from yolo.frames import FrameReadError, FrameRef
-from yolo.plans import FramePlan, SourceItem, plan_lengths
-from yolo.reader import FrameReader, ShareReader
-from yolo.streams import FILE_URL_SCHEMES, StreamOptions, is_camera, is_url, probe_video, stream_name, url_name
+from inputs.downloads import download, probe_ranges
+from inputs.frames import FrameReadError, FrameRef
+from inputs.plans import FramePlan, SourceItem, plan_lengths
+from inputs.reader import FrameReader, ShareReader
+from inputs.streams import FILE_URL_SCHEMES, StreamOptions, is_camera, is_url, probe_video, stream_name, url_name
 
 __all__ = ["FramePlan", "FrameReadError", "FrameReader", "FrameRef", "ShareReader", "SourceItem", "plan_frames"]
 
@@ -54,15 +54,6 @@ VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", "
 LIST_EXTENSIONS = frozenset({".txt"})
 SYNTHETIC_SOURCE = "synthetic"
 GLOB_CHARS = frozenset("*?[")
-
-
-def split_video_frame(name: str) -> tuple[str, int] | None:
-    """``"clip.mp4:000017"`` (a video frame's name, see :meth:`FramePlan.ref`) -> ``("clip.mp4", 17)``,
-    the frame's number in the video counted from 1; None for any other frame name."""
-    video, sep, index = name.rpartition(":")
-    if not (sep and video and index.isascii() and index.isdigit()):
-        return None
-    return video, int(index)
 
 
 def _broken(location: str, name: str, reason: str) -> SourceItem:

@@ -21,11 +21,11 @@ from yolo.labels import label_lines, label_path, write_label_file
 from yolo.letterbox import LetterboxInfo, letterbox
 from yolo.tensors import to_tensor
 from yolo.nms import nms_candidates, select_candidates
-from yolo.frames import Frame, FrameReadError, StreamError
-from yolo.imageio import DecodeOptions
-from yolo.reader import ShareReader
-from yolo.plans import FramePlan
-from yolo.streams import StreamOptions, StreamStats
+from inputs.frames import Frame, FrameReadError, StreamError
+from inputs.imageio import DecodeOptions
+from inputs.reader import ShareReader
+from inputs.plans import FramePlan
+from inputs.streams import StreamOptions, StreamStats
 from yolo.timing import timed
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ frame ``i`` goes to worker ``i % workers`` as before). A worker reads its ids in
 its non-live ids ascending, then its live streams' ids alternating between its streams. Every
 planned id belongs to exactly one worker.
 
-:func:`yolo.sources.plan_frames` makes a plan from a source; the plan is plain data (no
+:func:`inputs.sources.plan_frames` makes a plan from a source; the plan is plain data (no
 sockets, no open files), cheap to pass to a worker process.
 """
 
@@ -37,7 +37,7 @@ from functools import cached_property
 
 import numpy as np
 
-from yolo.frames import FrameRef, VideoInfo
+from inputs.frames import FrameRef, VideoInfo
 
 WHOLE_KINDS = frozenset({"video", "stream"})  # read whole, in order, by one worker
 
@@ -49,7 +49,7 @@ class SourceItem:
     Attributes:
         kind (str): ``"image"``, ``"video"``, ``"stream"``, ``"synthetic"`` or ``"broken"``.
         location (str): absolute path, URL, camera index, or ``""`` for a synthetic scene.
-        name (str): relative, file-system-safe name (see :class:`yolo.frames.FrameRef`).
+        name (str): relative, file-system-safe name (see :class:`inputs.frames.FrameRef`).
         frames (int | None): frames in one pass, after ``vid_stride``; None for a live stream.
         video (VideoInfo | None): a video's metadata, probed when planning; None otherwise
             (a live stream's comes with its frames).
