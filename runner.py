@@ -24,11 +24,11 @@ import time
 
 from typing import TYPE_CHECKING
 
+from supervisor import exit_codes  # a few constants: children that re-import this script stay light
+
 if TYPE_CHECKING:
     from supervisor.run import Outcome
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 SWEEP_FLAGS = ("sweep", "sweep_budget_s", "save_config")
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.toml")
@@ -64,7 +64,7 @@ class Parser(argparse.ArgumentParser):
 
 def usage_error(message: str) -> dict:
     """What ``--json`` prints for a run that never started because of bad usage (exit code 2)."""
-    return {"exit_code": EXIT_USAGE, "error": message, "reason": "bad usage", "run_dir": None,
+    return {"exit_code": exit_codes.USAGE, "error": message, "reason": "bad usage", "run_dir": None,
             "report_written": False}
 
 
@@ -195,7 +195,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
     # end of this file), and spawned children that re-import this script stay light.
     from supervisor.processes import start_fork_server, stop_helper_processes
     from supervisor.run import UsageError, run_pipeline
-    from analysis.sweep_run import run_sweep, sweep_request
+    from sweep.trials import run_sweep, sweep_request
     from workers.config import ConfigError, build_config, read_toml
     started_s = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -218,7 +218,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
     except KeyboardInterrupt:
         log.error("interrupted before the run started")
         stop_helper_processes(wait=False)
-        return EXIT_INTERRUPTED
+        return exit_codes.INTERRUPTED
     if not cfg.weights and cfg.preset != "none":
         log.warning("no --weights: using a random-weight %s; timings are valid, detections are meaningless",
                     cfg.preset)
@@ -251,7 +251,7 @@ def usage_failed(message: str, as_json: bool) -> int:
     log.error("error: %s", message)
     if as_json:
         print(json.dumps(usage_error(message)))
-    return EXIT_USAGE
+    return exit_codes.USAGE
 
 
 def warn_oversubscription(cfg, cores: int, on_cuda: bool) -> None:
@@ -284,4 +284,4 @@ if __name__ == "__main__":
         sys.exit(main())
     except KeyboardInterrupt:  # before main could take over Ctrl-C (its own imports)
         print("interrupted before the run started", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(exit_codes.INTERRUPTED)

@@ -29,7 +29,8 @@ from supervisor.health import Health
 from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
 from supervisor.salvage import salvage_lists, write_runner_report
 from supervisor.processes import Launcher
-from supervisor.signals import EXIT_CODES, Interrupts
+from supervisor import exit_codes
+from supervisor.signals import Interrupts
 from supervisor.watch import Watch
 from workers.config import RunConfig
 from workers.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
@@ -41,13 +42,6 @@ from workers.transport import REPORT_LIMITS, CurveKeys, DropCounter, ProtocolErr
 log = logging.getLogger("runner")
 
 POLL_TIMEOUT_MS = 100
-
-EXIT_OK = 0
-EXIT_ABORTED = 1
-EXIT_USAGE = 2
-EXIT_FRAMES_FAILED = 3
-EXIT_OUTPUT_INCOMPLETE = 4
-
 
 class UsageError(ValueError):
     """Found while setting the run up (a port in use): exit code 2, nothing started."""
@@ -245,7 +239,7 @@ def _read_all(socket, token: bytes, types: set, drops: DropCounter, where: str, 
 
 
 def _on_beat(watch: Watch, header: dict) -> None:
-    if watch.health.beat(header) and header.get("signal") in EXIT_CODES:
+    if watch.health.beat(header) and header.get("signal") in exit_codes.SIGNAL_EXIT_CODES:
         watch.interrupts.note(header["signal"])
 
 
@@ -258,7 +252,7 @@ def _on_progress(watch: Watch, header: dict) -> None:
 
 def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Interrupts) -> Outcome:
     if watch is None:
-        return Outcome(EXIT_ABORTED, run_dir, reason="the run did not start")
+        return Outcome(exit_codes.ABORTED, run_dir, reason="the run did not start")
     finished = watch.finished
     report_written = bool(finished and "report.json" in finished.get("written", ()))
     if report_written:
@@ -267,23 +261,23 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
     elif watch.collector_died:
         report_written = _write_what_the_runner_knows(cfg, watch, run_dir)
     summary = (finished or {}).get("summary") or None
-    outcome = Outcome(EXIT_OK, run_dir, summary, watch.reason, report_written, watch.restart_log,
+    outcome = Outcome(exit_codes.OK, run_dir, summary, watch.reason, report_written, watch.restart_log,
                       dict(watch.drops.counts))
     if interrupts.count:
-        outcome.exit_code = interrupts.exit_code() or EXIT_ABORTED
+        outcome.exit_code = interrupts.exit_code() or exit_codes.ABORTED
         if finished is None and not report_written:
             _remove_empty_run_dir(run_dir)
     elif watch.aborted or finished is None:
-        outcome.exit_code = EXIT_ABORTED
+        outcome.exit_code = exit_codes.ABORTED
     elif summary and summary.get("stream_errors"):
-        outcome.exit_code = EXIT_ABORTED
+        outcome.exit_code = exit_codes.ABORTED
         outcome.reason = "; ".join(summary["stream_errors"])
     elif summary and (summary.get("failed", 0) + summary.get("lost", 0)) and not cfg.allow_failures:
-        outcome.exit_code = EXIT_FRAMES_FAILED
+        outcome.exit_code = exit_codes.FRAMES_FAILED
         outcome.reason = (f"{summary['failed'] + summary.get('lost', 0)} of {summary.get('frames_in')} frames failed "
                           "(listed in report.md; --allow-failures makes this exit 0)")
     elif not report_written or (finished or {}).get("write_error") or (summary or {}).get("image_error"):
-        outcome.exit_code = EXIT_OUTPUT_INCOMPLETE
+        outcome.exit_code = exit_codes.OUTPUT_INCOMPLETE
         outcome.reason = (finished or {}).get("write_error") or (summary or {}).get("image_error") or \
             "the report could not be written"
     return outcome

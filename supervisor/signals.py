@@ -15,9 +15,9 @@ import contextlib
 import signal
 from dataclasses import dataclass, field
 
+from supervisor.exit_codes import SIGNAL_EXIT_CODES
 from workers.lifecycle import STOP_SIGNALS
 
-EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}  # 128 + the signal number, as the shell reports
 SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGHUP": "SIGHUP (terminal closed)"}  # what the user did, in their words
 
 
@@ -56,7 +56,7 @@ class Interrupts:
         return SIGNAL_WORDS.get(self.received[-1], self.received[-1]) if self.received else "a signal"
 
     def exit_code(self) -> int | None:
-        return EXIT_CODES.get(self.first()) if self.received else None
+        return SIGNAL_EXIT_CODES.get(self.first()) if self.received else None
 
 
 @contextlib.contextmanager

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from analysis.sweep import (GAIN_THRESHOLD, Machine, Measurement, Settings, Sweep, SweepInterrupted, mean_fps,
+from sweep.search import (GAIN_THRESHOLD, Machine, Measurement, Settings, Sweep, SweepInterrupted, mean_fps,
                             propose)
-from analysis.sweep_output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
-from analysis.sweep_plot import settings_rows, sweep_png
+from sweep.output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
+from sweep.plot import settings_rows, sweep_png
 from workers.config import build_config, config_toml, read_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from analysis.atomic import write_bytes_atomic
 from analysis.report import json_safe
 from analysis.stages import ROLE_NAMES
-from analysis.sweep import (FIRST_TRIAL_EXTRA_S, SWEPT, TRIAL_OVERHEAD_S, Machine, Measurement, Settings, Sweep,
+from sweep.search import (FIRST_TRIAL_EXTRA_S, SWEPT, TRIAL_OVERHEAD_S, Machine, Measurement, Settings, Sweep,
                             SweepInterrupted, SweepResult, Trial)
-from analysis.sweep_output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
-from analysis.sweep_plot import sweep_png
+from sweep.output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
+from sweep.plot import sweep_png
 from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
+from supervisor import exit_codes
+from supervisor.prepare import plan_source, resolve
+from supervisor.run import UsageError, run_pipeline
 from workers.config import RunConfig, build_config, config_toml, read_toml
 
 log = logging.getLogger("runner")
@@ -35,7 +38,6 @@ DEFAULT_BUDGET_S = 300.0
 SWEEP_ONLY = ("name", "exist_ok", "json", "duration")  # flags that shape the sweep, not the run it recommends
 TRIAL_OUTPUTS = ("images", "labels")  # a trial's outputs removed once it is measured
 
-EXIT_OK, EXIT_ABORTED, EXIT_OUTPUT_INCOMPLETE = 0, 1, 4
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,12 @@ class LiveTrials:
                                    json=False)
 
     def __call__(self, settings: Settings, index: int) -> Measurement:
-        from supervisor.prepare import plan_source, resolve
-        from supervisor.run import UsageError, run_pipeline
         cfg, machine, names = resolve(self.config(settings, index))
         try:
             outcome = run_pipeline(cfg, machine, names, plan_source(cfg, self.download_dir), show_progress=False)
         except UsageError as exc:
-            return Measurement(fps=None, exit_code=2, error=str(exc))
-        if outcome.exit_code in (130, 143):
+            return Measurement(fps=None, exit_code=exit_codes.USAGE, error=str(exc))
+        if exit_codes.stopped_by_signal(outcome.exit_code):
             raise SweepInterrupted(outcome.reason or "interrupted", outcome.exit_code)
         for output in TRIAL_OUTPUTS:
             shutil.rmtree(os.path.join(outcome.run_dir, output), ignore_errors=True)
@@ -191,5 +191,5 @@ def _exit_code(result: SweepResult, failed: dict) -> int:
     if result.interrupted:
         return result.interrupted
     if result.best is None:
-        return EXIT_ABORTED
-    return EXIT_OUTPUT_INCOMPLETE if failed else EXIT_OK
+        return exit_codes.ABORTED
+    return exit_codes.OUTPUT_INCOMPLETE if failed else exit_codes.OK

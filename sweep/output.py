@@ -9,7 +9,7 @@ import shlex
 
 from analysis.report import json_safe
 from analysis.stages import ROLE_NAMES
-from analysis.sweep import SWEPT, SweepResult, Trial, mean_fps
+from sweep.search import SWEPT, SweepResult, Trial, mean_fps
 
 TRIAL_COLUMNS = ("trial", "purpose", *SWEPT, "fps", "latency_p50_ms", "latency_p95_ms", "cpu_ms_per_frame",
                  "cpu_saturation", "bound_fps", "bound_kind", "bottleneck", "limit", "stable", "cost_s", "verdict",

@@ -5,7 +5,7 @@ best marked. Drawn with matplotlib's Agg backend into PNG bytes; None without ma
 from __future__ import annotations
 
 from analysis.plots import figure_png, headless_pyplot
-from analysis.sweep import SweepResult, mean_fps
+from sweep.search import SweepResult, mean_fps
 
 PURPOSE_COLOURS = {"defaults": "tab:gray", "candidate": "tab:blue", "confirm": "tab:purple", "rematch": "tab:olive",
                    "final check": "tab:cyan"}

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from analysis.stages import ROLES
-from analysis.sweep_moves import SWEPT, Machine, Move, Settings, propose  # noqa: F401 (re-exported)
+from supervisor import exit_codes
+from sweep.moves import SWEPT, Machine, Move, Settings, propose  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class SweepResult:
     elapsed_s: float
     budget_s: float
     threshold: float = GAIN_THRESHOLD
-    interrupted: int = 0  # the exit code of an interrupt (130, 143) that ended the sweep; 0 when none
+    interrupted: int = 0  # the exit code of an interrupt (130, 143, 129) that ended the sweep; 0 when none
     final_ratio: float | None = None  # fps of the incumbent / the defaults' in the final check; None: none ran
     unconfirmed: Settings | None = None  # the incumbent the final check did not confirm (best fell back)
 
@@ -219,7 +220,8 @@ class Sweep:
         except SweepInterrupted as stop:
             return self._result(defaults, self._best(defaults), f"interrupted: {stop}", interrupted=stop.exit_code)
         except KeyboardInterrupt:  # Ctrl-C between two trials, when no run holds the signal
-            return self._result(defaults, self._best(defaults), "interrupted by Ctrl-C", interrupted=130)
+            return self._result(defaults, self._best(defaults), "interrupted by Ctrl-C",
+                                interrupted=exit_codes.INTERRUPTED)
         if stopped is None:
             return self._result(defaults, None, f"the defaults trial measured nothing ({self.trials[0].verdict})")
         final_ratio = self._final_check(defaults, self.incumbent) if self.incumbent != defaults else None

@@ -1,4 +1,4 @@
-"""The moves of the tuning sweep (see analysis.sweep): from the best settings so far and the
+"""The moves of the tuning sweep (see sweep.search): from the best settings so far and the
 analysis of its latest trial, the changes worth a trial, best first."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from analysis.stages import ROLE_NAMES, ROLES
 
-if TYPE_CHECKING:  # the trial's analysis; analysis.sweep imports this module
-    from analysis.sweep import Measurement
+if TYPE_CHECKING:  # the trial's analysis; sweep.search imports this module
+    from sweep.search import Measurement
 
 IDLE_UTILISATION = 0.50  # a stage busy less than this is idle enough to lose a worker
 CORES_SATURATED = 0.90  # as analysis.bottleneck: from here more processes only time-slice the cores
