@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from analysis.samples import as_samples, pooled
 from analysis.stats import ratio, utilisation
+from topology.stages import ROLE_NAMES, ROLES  # noqa: F401 (the report's names and order of the stages)
 
-ROLES = ("pre", "infer", "post")
-ROLE_NAMES = {"pre": "preprocess", "infer": "inference", "post": "postprocess", "collector": "collector",
-              "other": "runner and collector"}
 WORKER_FIELDS = ("name", "incarnation", "pid", "device", "threads", "precision", "frames", "batches", "wall_s",
                  "busy_s", "busy_cpu_s", "cpu_s", "wait_in_s", "blocked_out_s", "bytes_in", "bytes_out",
                  "messages_in", "messages_out", "link", "torch_loaded", "slots",

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from yolo.boxes import box_iou, unreduce_boxes  # noqa: E402
 from yolo.checkpoint import load_model  # noqa: E402
-from sequential.detect import DetectOptions, candidates_for_batch, final_detections  # noqa: E402
+from yolo.detect import DetectOptions, candidates_for_batch, final_detections  # noqa: E402
 from inputs.imageio import DecodeOptions, decode_image  # noqa: E402
 from yolo.letterbox import letterbox  # noqa: E402
 from yolo.tensors import to_tensor  # noqa: E402

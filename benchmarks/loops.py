@@ -27,7 +27,6 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-LETTERBOX_STRIDE = 32  # the pipeline's preprocess letterboxes to this stride, whatever the model
 EXIT_USAGE = 2
 
 
@@ -69,7 +68,7 @@ def model_loop(args: argparse.Namespace) -> int:
     import torch
 
     from yolo.checkpoint import CheckpointError, load_model
-    from sequential.detect import DetectOptions, candidates_for_batch
+    from yolo.detect import DetectOptions, candidates_for_batch
     from yolo.devices import resolve_device
     from inputs.imageio import DecodeOptions, read_image
     from yolo.letterbox import letterbox
@@ -104,7 +103,7 @@ def decode_share(job: tuple) -> int:
     """One process's share of the frames, read and prepared as the preprocess stage does; the count."""
     import cv2
 
-    from yolo.letterbox import bgr_to_rgb_chw, letterbox
+    from yolo.letterbox import LETTERBOX_STRIDE, bgr_to_rgb_chw, letterbox
     from inputs.sources import FrameReader
 
     plan, worker, workers, imgsz, rect = job

@@ -28,7 +28,6 @@ sys.path.insert(0, REPO_ROOT)
 
 from interleave import rotated  # noqa: E402  (benchmarks/: this script's folder)
 
-LETTERBOX_STRIDE = 32
 EXIT_USAGE = 2
 
 
@@ -64,7 +63,7 @@ def letterboxed_input(args: argparse.Namespace):
     import numpy as np
 
     from inputs.imageio import DecodeOptions, read_image
-    from yolo.letterbox import letterbox
+    from yolo.letterbox import LETTERBOX_STRIDE, letterbox
 
     image = read_image(args.images[0], DecodeOptions(imgsz=args.imgsz))[0] if args.images else \
         np.full((1080, 810, 3), 114, np.uint8)
@@ -97,7 +96,7 @@ def measure(args: argparse.Namespace) -> dict:
     import torch
 
     from yolo.checkpoint import load_model
-    from sequential.detect import DetectOptions, candidates_for_batch
+    from yolo.detect import DetectOptions, candidates_for_batch
     from yolo.devices import resolve_device
     from yolo.tensors import to_tensor
 

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from yolo.checkpoint import CheckpointError, load_model
-from sequential.detect import SEQUENTIAL_STAGES, DetectOptions, run_sequential, write_json
+from sequential.detect import SEQUENTIAL_STAGES, run_sequential, write_json
+from yolo.detect import DetectOptions
 from yolo.devices import resolve_device
 from inputs.downloads import DownloadFolder
 from yolo.helpformat import DefaultsHelpFormatter

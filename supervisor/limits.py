@@ -14,6 +14,7 @@ import resource
 
 import psutil
 
+from topology.stages import stage_counts
 from workers.config import ConfigError, RunConfig
 from yolo.presets import MODEL_FREE
 
@@ -48,7 +49,7 @@ def descriptors_needed(processes: int) -> int:
 
 def check_descriptors(cfg: RunConfig) -> None:
     """Raise the soft open-file limit to what the plan needs if the hard one allows, else refuse."""
-    processes = cfg.pre_workers + cfg.infer_workers + cfg.post_workers + 1 + 1  # + collector + runner
+    processes = sum(stage_counts(cfg).values()) + 1  # + the runner
     needed = descriptors_needed(processes)
     if not _raise_soft_limit(resource.RLIMIT_NOFILE, needed):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from supervisor.limits import check_descriptors, check_frame_memory
 from workers.config import ConfigError, RunConfig
 from workers.host import usable_cores
-from workers.slots import SHM_DIR, free_bytes
+from workers.slots import SHM_DIR, aligned, free_bytes
 from yolo.precision import choose_precision, has_native_bf16, read_cpu_flags
 from yolo.presets import MODEL_FREE, PRESETS
 
@@ -260,7 +260,7 @@ def slot_plan(cfg: RunConfig, plan) -> tuple[int, int]:
     lb_bytes = LETTERBOX_CHANNELS * cfg.imgsz * cfg.imgsz
     original = _largest_frame_hw(plan) if cfg.save_every else (0, 0)
     original_pixels = min(original[0] * original[1], MAX_SLOT_ORIGINAL_PIXELS)
-    slot_bytes = _aligned(lb_bytes) + _aligned(original_pixels * 3)
+    slot_bytes = aligned(lb_bytes) + aligned(original_pixels * 3)
     slot_count = ring_frames(cfg)
     needed, free = slot_bytes * slot_count * cfg.pre_workers, free_bytes()
     if needed > SHM_FILL * free:
@@ -274,14 +274,9 @@ def slot_plan(cfg: RunConfig, plan) -> tuple[int, int]:
 def ring_frames(cfg: RunConfig) -> int:
     """Frames one preprocess worker can have in flight (its ring of slots): credit at inference
     plus a batch being formed, frames at postprocess, and two being made."""
-    credit_per_producer = max(1, math.ceil(cfg.batch_size * cfg.prefetch / cfg.pre_workers))
-    at_inference = cfg.infer_workers * credit_per_producer + cfg.batch_size
+    at_inference = cfg.infer_workers * cfg.credit_per_producer() + cfg.batch_size
     at_postprocess = math.ceil(cfg.post_workers * cfg.prefetch * cfg.infer_workers / cfg.pre_workers)
     return at_inference + at_postprocess + 2
-
-
-def _aligned(nbytes: int) -> int:
-    return (nbytes + 63) // 64 * 64
 
 
 def _largest_frame_hw(plan) -> tuple[int, int]:

@@ -22,27 +22,20 @@ from supervisor.limits import check_address_space
 from supervisor.signals import signals_held
 from workers.config import ConfigError
 from workers.ipc_dirs import use_short_tmpdir
-from workers.lifecycle import StageArgs
+from topology.stages import KINDS, STAGES, index_of, role_of
+from workers.wiring import StageArgs
 
-TORCH_ROLES = ("infer", "post")
-FORKSERVER_PRELOAD = ["torch", "torchvision", "cv2", "workers.inference", "workers.postprocess"]
+# What the fork server imports once, for every torch stage it forks.
+FORKSERVER_PRELOAD = ["torch", "torchvision", "cv2"] + [kind.module for kind in STAGES if kind.uses_torch]
 JOIN_TIMEOUT_S = 10.0
 
 log = logging.getLogger("runner")
-
-
-STAGE_MODULES = {"pre": "workers.preprocess", "infer": "workers.inference", "post": "workers.postprocess",
-                 "collector": "workers.collector"}
 
 
 def run_stage(module: str, *args) -> None:
     """A child's entry point: the stage module is imported here, in the child, so the runner
     never imports what only a stage needs (torch)."""
     importlib.import_module(module).run(*args)
-
-
-def role_of(name: str) -> str:
-    return name.rsplit("-", 1)[0] if name != "collector" else "collector"
 
 
 def start_fork_server() -> None:
@@ -85,14 +78,14 @@ class Launcher:
 
     def start(self, name: str, device: str = "cpu", torch_threads: int = 1, start_position: int = 0,
               poison: tuple[int, str] = (-1, "")) -> None:
-        role = role_of(name)
+        kind = KINDS[role_of(name)]
         incarnation = self.incarnations.get(name, -1) + 1
-        args = dataclasses.replace(self.template, name=name, index=int(name.split("-")[1]) if role != "collector" else 0,
+        args = dataclasses.replace(self.template, name=name, index=index_of(name),
                                    incarnation=incarnation, device=device, torch_threads=torch_threads,
                                    start_position=start_position, poison_position=poison[0], poison_reason=poison[1])
-        extra = self.collector_extra if role == "collector" else ()
-        context = self.forked if role in TORCH_ROLES else self.spawn
-        process = context.Process(target=run_stage, args=(STAGE_MODULES[role], args, *extra), name=name, daemon=True)
+        extra = self.collector_extra if kind.role == "collector" else ()
+        context = self.forked if kind.uses_torch else self.spawn
+        process = context.Process(target=run_stage, args=(kind.module, args, *extra), name=name, daemon=True)
         if context is self.forked:
             process.start()  # forked by the fork server, started with the signals blocked; may wait for it
         else:

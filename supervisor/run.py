@@ -34,10 +34,12 @@ from supervisor.signals import Interrupts
 from supervisor.watch import Watch
 from workers.config import RunConfig
 from workers.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
-from workers.lifecycle import LOG_FORMAT, Endpoints, StageArgs, Wire, endpoint_names, make_endpoints
+from topology.stages import endpoint_names, stage_counts, worker_names
+from workers.lifecycle import LOG_FORMAT
+from workers.wiring import Endpoints, StageArgs, Wire, make_endpoints
 from workers.messages import FINISHED, HEARTBEAT, PROGRESS, STOP, validate
 from workers.slots import remove_segments, remove_stale_segments
-from workers.transport import REPORT_LIMITS, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
+from workers.transport import REPORT_LIMITS, TOKEN_BYTES, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
 log = logging.getLogger("runner")
 
@@ -72,7 +74,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     """Run the pipeline once; raises UsageError before anything starts if a socket cannot be bound."""
     runner_started_s = runner_started_s or time.perf_counter()
     if cfg.transport == "tcp":
-        check_tcp_ports(make_endpoints("tcp", "", cfg.tcp_host, cfg.tcp_base_port, cfg.pre_workers, cfg.infer_workers))
+        check_tcp_ports(make_endpoints("tcp", "", cfg.tcp_host, cfg.tcp_base_port, stage_counts(cfg)))
     removed = remove_stale_segments()
     removed_dirs = remove_stale_ipc_dirs()
     ipc_dir = _make_ipc_dir(cfg)  # before the run folder: a TMPDIR too long leaves no folder behind
@@ -92,7 +94,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     if removed or removed_dirs:
         log.info("removed %d shared-memory segments and %d ipc folders left by runs that were killed",
                  len(removed), len(removed_dirs))
-    token = secrets.token_bytes(16)
+    token = secrets.token_bytes(TOKEN_BYTES)
     wire = Wire(token, CurveKeys.generate() if cfg.transport == "tcp" else None)
     run_tag = f"{os.getpid()}-{token.hex()[:8]}"
     interrupts = Interrupts().install()
@@ -101,14 +103,12 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     launcher = None
     watch = None
     try:
-        endpoints = make_endpoints(cfg.transport, ipc_dir, cfg.tcp_host, cfg.tcp_base_port, cfg.pre_workers,
-                                   cfg.infer_workers)
-        control_out = _bound(ctx, zmq.PUB, endpoints.control, wire, sockets)
-        progress_in = _bound(ctx, zmq.PULL, endpoints.progress, wire, sockets)
-        health_in = _bound(ctx, zmq.PULL, endpoints.health, wire, sockets)
+        endpoints = make_endpoints(cfg.transport, ipc_dir, cfg.tcp_host, cfg.tcp_base_port, stage_counts(cfg))
+        control_out = _bound(ctx, zmq.PUB, endpoints["control"], wire, sockets)
+        progress_in = _bound(ctx, zmq.PULL, endpoints["progress"], wire, sockets)
+        health_in = _bound(ctx, zmq.PULL, endpoints["health"], wire, sockets)
         slot_bytes, slot_count = slot_plan(cfg, plan)
-        worker_names = ([f"pre-{i}" for i in range(cfg.pre_workers)] + [f"infer-{i}" for i in range(cfg.infer_workers)]
-                        + [f"post-{i}" for i in range(cfg.post_workers)])
+        workers = worker_names(stage_counts(cfg))
         template = StageArgs(name="", index=0, config=cfg, plan=plan, endpoints=endpoints, wire=wire,
                              log_path=log_path, run_dir=run_dir, run_tag=run_tag, names=names,
                              runner_pid=os.getpid(), slot_bytes=slot_bytes, slot_count=slot_count)
@@ -116,12 +116,12 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
                  os.path.basename(run_dir), frames_planned(cfg, plan), cfg.source, model_words(cfg), cfg.pre_workers,
                  cfg.infer_workers, ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
         log.debug("ipc sockets in %s; shared-memory segments %s*", ipc_dir, run_tag)
-        launcher = Launcher(template, collector_extra=(worker_names, runner_started_s, machine.as_dict()))
+        launcher = Launcher(template, collector_extra=(workers, runner_started_s, machine.as_dict()))
         health = Health(cfg.heartbeat_timeout_s)
         watch = Watch(cfg, launcher, health, control_out, token, interrupts, console)
-        console.say(f"starting {len(worker_names) + 1} processes (inference loads the model first)...")
+        console.say(f"starting {len(workers) + 1} processes (inference loads the model first)...")
         launcher.warm_up()
-        for name in ["collector"] + worker_names[::-1]:  # consumers first, so producers find them
+        for name in ["collector"] + workers[::-1]:  # consumers first, so producers find them
             if interrupts.count:
                 break  # interrupted during start-up: the watch ends it at once
             watch.start_worker(name)
@@ -151,7 +151,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
 
 
 def _make_ipc_dir(cfg: RunConfig) -> str:
-    longest = max(endpoint_names(cfg.pre_workers, cfg.infer_workers), key=lambda name: len(os.fsencode(name)))
+    longest = max(endpoint_names(stage_counts(cfg)), key=lambda name: len(os.fsencode(name)))
     try:
         return make_ipc_dir(longest)
     except ValueError as exc:

@@ -13,7 +13,8 @@ import time
 
 from supervisor.console import Console
 from supervisor.health import Health
-from supervisor.processes import Launcher, role_of
+from supervisor.processes import Launcher
+from topology.stages import role_of
 from supervisor.signals import Interrupts
 from workers.config import RunConfig
 from workers.in_hand import read_in_hand

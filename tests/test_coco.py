@@ -7,7 +7,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from yolo.coco import COCO91_IDS, category_ids, coco_results, first_pass, image_id
-from sequential.detect import detection_records
+from yolo.detect import detection_records
 from yolo.names import COCO_NAMES, default_names
 
 PERSON, CAR, STOP_SIGN = 0, 2, 11  # class indices in YOLOv5's 80

@@ -8,7 +8,8 @@ import torch
 
 from tests.conftest import fixture_path
 from tests.media import MediaServer, write_video
-from sequential.detect import DetectOptions, annotated_name, run_sequential
+from sequential.detect import run_sequential
+from yolo.detect import DetectOptions, annotated_name
 from inputs.imageio import DecodeOptions
 from inputs.sources import plan_frames
 

@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import fixture_path
 from yolo.checkpoint import load_model
-from sequential.detect import DetectOptions, candidates_for_batch, final_detections
+from yolo.detect import DetectOptions, candidates_for_batch, final_detections
 from yolo.letterbox import letterbox
 from yolo.precision import choose_precision, has_native_bf16, read_cpu_flags
 from yolo.tensors import to_tensor

@@ -25,7 +25,7 @@ import pytest
 import zmq
 
 from tests.live_run import REPO, SMALL_RUN
-from workers.lifecycle import TEST_SLOW_ENV
+from workers.faults import TEST_SLOW_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -20,10 +20,12 @@ import pytest
 import zmq
 
 from supervisor.health import Health
-from workers.lifecycle import TEST_SLOW_ENV, Wire
+from workers.faults import TEST_SLOW_ENV
+from workers.wiring import Endpoints, Wire
 from workers.links import Downstream, Upstream
-from workers.messages import (ACK, CREDIT, DRAIN, END, FAILED, FRAME, HEARTBEAT, INFER_FRAME, PEER_GONE, PRE_FRAME,
-                              PROGRESS, RELEASE, RESULT, SCHEMAS, STATS, STOP, check_fields, validate)
+from workers.frame_header import FrameHeader
+from workers.messages import (ACK, CREDIT, DRAIN, END, FAILED, FRAME, HEARTBEAT, PEER_GONE,
+                              PROGRESS, RELEASE, RESULT, SCHEMAS, STATS, STOP, validate)
 from workers.slots import SlotError, SlotRing, SlotViews, segment_name
 from workers.transport import DropCounter, Limits, ProtocolError, make_socket, recv_message, send_message
 
@@ -189,7 +191,7 @@ def test_random_and_mutated_messages_raise_only_protocol_errors(ctx, made, seed)
             message = recv_message(receiver, token=TOKEN, limits=SMALL_LIMITS)
             header = validate(message.header, ALL_TYPES)
             if header["type"] == FRAME:
-                check_fields(header, INFER_FRAME if "infer" in header else PRE_FRAME, "frame")
+                FrameHeader.from_message(header, sent_by="infer" if "infer" in header else "pre")
             passed += 1
         except ProtocolError as exc:
             kinds[exc.kind] = kinds.get(exc.kind, 0) + 1
@@ -288,7 +290,7 @@ def test_a_consumer_survives_mutated_frames(ctx, made, tmp_path):
         msg = up.receive(up.sockets[0])
         if msg is not None:
             try:
-                check_fields(msg.header, PRE_FRAME, "frame")
+                FrameHeader.from_message(msg.header, sent_by="pre")
             except ProtocolError:
                 pass
             up.ack(msg.header["id"], release=rng.random() < 0.5)
@@ -353,7 +355,7 @@ def test_slot_returns_ignore_results_that_name_no_slot(ctx, made, tmp_path):
     pull = make_socket(ctx, zmq.PULL, linger_ms=0)
     pull.bind(endpoint)
     made.append(pull)
-    returns = SlotReturns(ctx, SimpleNamespace(wire=Wire(TOKEN), endpoints=SimpleNamespace(pre_returns=[endpoint])))
+    returns = SlotReturns(ctx, SimpleNamespace(wire=Wire(TOKEN), endpoints=Endpoints({"pre": 1}, {"pre-0-returns": endpoint})))
     made.append(returns)
     good = {"id": 3, "pre": "pre-0", "px": {"orig": {"seg": "yolo-pipeline-1-x-pre-0-0", "slot": 1, "off": 0}}}
     for _ in range(FUZZ_ROUNDS):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from workers.lifecycle import Wire
+from workers.wiring import Wire
 from workers.links import Downstream, Upstream, parse_identity
 from workers.transport import DropCounter, make_socket, send_message
 

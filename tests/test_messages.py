@@ -2,7 +2,8 @@
 
 import pytest
 
-from workers.messages import ACK, INFER_FRAME, RESULT, SCHEMAS, STATS, check_fields, validate
+from workers.frame_header import INFER_FRAME, FrameHeader
+from workers.messages import ACK, FAILED, RESULT, SCHEMAS, STATS, check_fields, validate
 from workers.transport import ProtocolError
 
 
@@ -41,11 +42,28 @@ def test_ack_ids_must_be_ints_and_optional_fields_may_be_absent():
         validate({**ack, "ids": [1, "2"]}, {ACK})
 
 
+PRE_HEADER = {"id": 7, "name": "a.jpg", "cycle": 0, "ratio": 0.5, "pad": [0.0, 4.0], "orig_shape": [20, 40],
+              "lb_shape": [32, 32], "full_shape": [40, 80], "reduction": 2, "keep_image": True, "pre": "pre-0",
+              "t": {"read_start": 1.0}, "px": {"lb": {"inline": 0}}, "release_by": "post",
+              "video": {"item": 1, "index": 3, "fps": 25.0, "frames": 9}}
+
+
 def test_stage_content_is_checked_by_the_stage():
     with pytest.raises(ProtocolError, match="'infer'"):
-        check_fields({"name": "a", "cycle": 0, "ratio": 1.0, "pad": [0, 0], "orig_shape": [1, 1], "lb_shape": [1, 1],
-                      "keep_image": False, "pre": "pre-0", "t": {}, "px": {}, "release_by": "infer", "batch": 1,
-                      "cold": False}, INFER_FRAME, "frame")
+        check_fields({**PRE_HEADER, "batch": 1, "cold": False}, INFER_FRAME, "frame")
+    with pytest.raises(ProtocolError, match="'infer'"):
+        FrameHeader.from_message({**PRE_HEADER, "batch": 1, "cold": False}, sent_by="infer")
+    with pytest.raises(ProtocolError, match="'video'"):
+        FrameHeader.from_message({**PRE_HEADER, "video": {"item": -1, "index": 0}}, sent_by="pre")
+
+
+def test_a_frame_header_survives_its_message_form_and_says_its_letterbox_and_failure():
+    header = FrameHeader.from_message({**PRE_HEADER, "type": "frame", "src": "pre-0.0"}, sent_by="pre")
+    assert header.video.index == 3 and header.pad == (0.0, 4.0) and header.full_shape == (40, 80)
+    assert FrameHeader.from_message(header.to_message(), sent_by="pre") == header
+    assert header.letterbox_info().original_shape == (20, 40) and header.letterbox_info().shape == (32, 32)
+    failed = validate(header.failed("infer", "infer-0", "bad slot"), {FAILED})
+    assert failed["video"] == {"item": 1, "index": 3, "fps": 25.0, "frames": 9} and failed["stage"] == "infer"
 
 
 def test_every_schema_type_name_is_known():

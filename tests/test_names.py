@@ -12,7 +12,7 @@ import pytest
 from analysis.printable import printable
 from tests.conftest import fixture_path
 from tests.live_run import SMALL_RUN
-from workers.lifecycle import TEST_CRASH_ENV
+from workers.faults import TEST_CRASH_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import REPO_ROOT, fixture_path
 from tests.test_detect_bus import BF16_MAX_SCORE_DIFF, BF16_MIN_IOU, _assert_matches
-from sequential.detect import DetectOptions, candidates_for_batch, final_detections
+from yolo.detect import DetectOptions, candidates_for_batch, final_detections
 from yolo.letterbox import letterbox
 from yolo.precision import has_native_bf16, read_cpu_flags
 from yolo.tensors import to_tensor

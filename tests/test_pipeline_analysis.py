@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from workers.host import usable_cores
-from workers.lifecycle import TEST_SLOW_ENV
+from workers.faults import TEST_SLOW_ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.salvage import whole_records
 from tests.live_run import SMALL_RUN
-from workers.lifecycle import TEST_SLOW_ENV
+from workers.faults import TEST_SLOW_ENV
 
 
 def test_whole_records_keep_every_line_that_parses_up_to_the_cut():

@@ -83,8 +83,8 @@ signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.
 os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C while the stage was still importing
 os.kill(os.getpid(), signal.SIGTERM)
 from workers import lifecycle
-lifecycle.enter_process(types.SimpleNamespace(name="pre-0"))
-print(json.dumps({"mask": mask_of(os.getpid()), "noted": lifecycle._received_signal,
+received = lifecycle.enter_process(types.SimpleNamespace(name="pre-0"))
+print(json.dumps({"mask": mask_of(os.getpid()), "noted": received.received,
                   "pending": sorted(int(s) for s in signal.sigpending())}))
 ''')
     assert blocked(got["mask"]) == set() and got["pending"] == [], got

@@ -7,20 +7,22 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import sys
 import time
 
 import zmq
 
 from workers.host import usable_cores
 from workers.ledger import Expected, Ledger, account_missing
-from workers.lifecycle import Clock, Control, Heartbeat, StageArgs, enter_process, poll, set_thread_counts, setup_logging
+from workers.clock import Clock, poll, worker_stats
+from workers.control import Control, Heartbeat
+from workers.lifecycle import enter_process, set_thread_counts, setup_logging
 from workers.links import SlotReturns
 from workers.messages import FAILED, FINISHED, PROGRESS, RESULT, STATS, validate
 from workers.resources import ResourceSampler
 from workers.slots import SlotError, SlotViews
 from workers.transport import REPORT_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
 from workers.videos import AnnotatedVideos
+from workers.wiring import StageArgs
 
 POLL_TIMEOUT_MS = 100
 PROGRESS_INTERVAL_S = 0.25
@@ -69,7 +71,7 @@ class Collected:
                 self.log.error("%s", self.image_error)
         if not isinstance(header.get("video"), dict) or "px" not in header:
             return
-        release = lambda: self.returns.release(header)  # noqa: E731 - called once the frame is written
+        release = lambda: self.returns.release(header["id"], header.get("pre"), header.get("px"))  # noqa: E731 - called once the frame is written
         if not new:
             release()
             return
@@ -115,18 +117,18 @@ def _version(package: str) -> str:
 
 
 def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, machine: dict) -> None:
-    enter_process(args)
+    signals = enter_process(args)
     threads = set_thread_counts(args.torch_threads, args.opencv_threads, use_torch=False)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     drops = DropCounter(log)
     ctx = zmq.Context()
     control = Control(ctx, args, drops)
-    heartbeat = Heartbeat(ctx, args)
+    heartbeat = Heartbeat(ctx, args, signals)
     results_in = make_socket(ctx, zmq.PULL, max_message_bytes=REPORT_LIMITS.header_bytes, curve=args.wire.curve,
                              curve_server=True)
-    results_in.bind(args.endpoints.collector)
+    results_in.bind(args.endpoints["collector"])
     progress_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
-    progress_out.connect(args.endpoints.progress)
+    progress_out.connect(args.endpoints["progress"])
     poller = zmq.Poller()
     poller.register(results_in, zmq.POLLIN)
     poller.register(control.socket, zmq.POLLIN)
@@ -166,15 +168,9 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
         stop_reason = control.stop_reason or control.drain_reason
         account_missing(collected.ledger, collected.expected, stop_reason,
                         cancel_unread=control.drain_reason is None or control.drain_cancels)
-        collector_stats = {"name": args.name, "role": "collector", "incarnation": 0, "pid": os.getpid(),
-                           "device": "cpu", "threads": threads, "frames": len(collected.ledger.processed),
-                           "busy_s": clock.busy_s, "busy_cpu_s": clock.busy_cpu_s, "wait_in_s": clock.wait_in_s,
-                           "blocked_out_s": 0.0, "wall_s": clock.wall_s(), "frame_ms": clock.frame_ms.to_dict(),
-                           "frame_cpu_ms": clock.frame_cpu_ms.to_dict(),
-                           "cpu_s": time.process_time() - clock.started_cpu_s, "bytes_in": collected.bytes_in,
-                           "messages_in": collected.messages_in, "bytes_out": 0, "messages_out": 0,
-                           "substages_ms": {}, "dropped_messages": dict(drops.counts),
-                           "torch_loaded": "torch" in sys.modules}
+        collector_stats = worker_stats(args, "collector", threads, clock, len(collected.ledger.processed), drops,
+                                       bytes_in=collected.bytes_in, messages_in=collected.messages_in, bytes_out=0,
+                                       messages_out=0)
         run_data = _run_data(args, collected, collector_stats, runner_started_s, finished_s, control, sampler,
                              machine, videos)
         summary, written, write_error = _write_run_folder(args.run_dir, run_data, *collected.finish_outputs())

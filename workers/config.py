@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -143,9 +144,14 @@ class RunConfig:
         return {"all": 1, "none": 0}[self.save_images] if self.save_images in ("all", "none") \
             else int(self.save_images)
 
+    def credit_per_producer(self) -> int:
+        """Frames each inference worker lets every preprocess worker send ahead: ``prefetch``
+        batches shared among the producers (at least one each)."""
+        return max(1, math.ceil(self.batch_size * self.prefetch / self.pre_workers))
+
     def detect_options(self):
-        """The options of sequential.detect that inference and postprocess share."""
-        from sequential.detect import DetectOptions  # imported here: the runner reads configs without torch
+        """The options of yolo.detect that inference and postprocess share."""
+        from yolo.detect import DetectOptions  # imported here: the runner reads configs without torch
         return DetectOptions(imgsz=self.imgsz, rect=self.rect, conf_thres=self.conf_thres,
                              iou_thres=self.iou_thres, classes=tuple(self.classes) or None,
                              agnostic=self.agnostic_nms, max_det=self.max_det)

@@ -7,9 +7,11 @@ answers at once with no candidates, so a run measures what the pipeline itself c
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -17,15 +19,19 @@ import torch.nn as nn
 import zmq
 
 from analysis.samples import Samples
-from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
-                               setup_logging, test_slowdown_ms, worker_stats)
+from topology.stages import consumers_of
+from workers.clock import Clock, poll, worker_stats
+from workers.control import Control, Heartbeat
+from workers.faults import TestFaults
+from workers.lifecycle import enter_process, set_thread_counts, setup_logging
 from workers.links import Downstream, Upstream
-from workers.messages import FAILED, PRE_FRAME, check_fields
-from workers.preprocess import LETTERBOX_STRIDE
+from workers.frame_header import FrameHeader
 from workers.slots import SlotError, SlotViews
+from workers.wiring import StageArgs
 from workers.transport import DropCounter, ProtocolError, make_socket, send_message
 from yolo.checkpoint import load_model
-from sequential.detect import DetectOptions, candidates_for_batch
+from yolo.detect import DetectOptions, candidates_for_batch
+from yolo.letterbox import LETTERBOX_STRIDE
 from yolo.model import C3, SPPF, Bottleneck, Conv, Detect
 from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
@@ -34,6 +40,16 @@ from yolo.timing import default_timing_mode, instrument
 
 POLL_TIMEOUT_MS = 100
 NO_CANDIDATES = np.zeros((0, 6), np.float32)
+
+
+class Waiting(NamedTuple):
+    """A frame received and waiting for its batch: when it came, its header, the message's arrays,
+    and its letterboxed pixels (a view of its slot)."""
+
+    t_recv: float
+    header: FrameHeader
+    arrays: list
+    image: np.ndarray
 
 
 def instrument_model(model: nn.Module, cfg, device: torch.device):
@@ -116,28 +132,27 @@ class Detector:
 
 
 def run(args: StageArgs) -> None:
-    enter_process(args)
+    signals = enter_process(args)
     threads = set_thread_counts(args.torch_threads, args.opencv_threads)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg = args.config
     detector = Detector(args)
     drops = DropCounter(log)
-    n_pre, n_post = len(args.endpoints.pre), cfg.post_workers
     ctx = zmq.Context()
     control = Control(ctx, args, drops)
-    heartbeat = Heartbeat(ctx, args)
-    frames_in = Upstream(ctx, list(args.endpoints.pre), [f"pre-{i}" for i in range(n_pre)], args.identity,
-                         max(1, math.ceil(cfg.batch_size * cfg.prefetch / n_pre)), args.wire, drops)
-    frames_out = Downstream(ctx, args.endpoints.infer[args.index], [f"post-{i}" for i in range(n_post)],
+    heartbeat = Heartbeat(ctx, args, signals)
+    producers, urls = args.endpoints.producers("infer")
+    frames_in = Upstream(ctx, urls, producers, args.identity, cfg.credit_per_producer(), args.wire, drops)
+    frames_out = Downstream(ctx, args.endpoints[args.name], consumers_of(args.endpoints.counts, "infer"),
                             args.identity, args.wire, drops)
     results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
-    results_out.connect(args.endpoints.collector)
+    results_out.connect(args.endpoints["collector"])
     views = SlotViews(args.run_tag)
     poller = zmq.Poller()
     for socket in frames_in.sockets + [frames_out.socket, control.socket]:
         poller.register(socket, zmq.POLLIN)
-    clock, slow_ms = Clock(), test_slowdown_ms("infer")
-    waiting: dict[tuple, list] = collections.defaultdict(list)  # letterboxed shape -> [(t_recv, msg, image)]
+    clock, faults = Clock(), TestFaults.for_role("infer")
+    waiting: dict[tuple, list[Waiting]] = collections.defaultdict(list)  # by letterboxed shape
     outbox: collections.deque = collections.deque()  # (header, arrays) ready for the postprocess pool
     substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
     batches = frames = cold_forwards = 0
@@ -168,11 +183,11 @@ def run(args: StageArgs) -> None:
                 group, waiting[due] = waiting[due][:cfg.batch_size], waiting[due][cfg.batch_size:]
                 if not waiting[due]:
                     del waiting[due]
-                measured = all(m.header["id"] >= cfg.warmup for _, m, _ in group)
+                measured = all(item.header.id >= cfg.warmup for item in group)
                 with clock.busy() as spent:
                     t_start = time.perf_counter()
-                    found, cold = detector.candidates([image for _, _, image in group], substages, measured)
-                    burn_cpu(slow_ms * len(group))
+                    found, cold = detector.candidates([item.image for item in group], substages, measured)
+                    faults.on_frames([item.header.name for item in group])
                     t_end = time.perf_counter()
                 outbox.extend(_to_post(group, found, cold, t_start, t_end, args.name, len(group)))
                 module_times.after_forward()
@@ -197,7 +212,7 @@ def run(args: StageArgs) -> None:
                 control.handle()
         if control.stop_reason:
             log.info("stopping: %s", control.stop_reason)
-        held = sorted([m.header["id"] for items in waiting.values() for _, m, _ in items] +
+        held = sorted([item.header.id for items in waiting.values() for item in items] +
                       [h["id"] for h, _ in outbox])
         send_message(results_out, worker_stats(
             args, "infer", threads, clock, frames, drops, batches=batches, precision=detector.precision,
@@ -223,23 +238,20 @@ def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, resul
     if msg is None:
         return
     try:
-        check_fields(msg.header, PRE_FRAME, "frame")
+        header = FrameHeader.from_message(msg.header, sent_by="pre")
     except ProtocolError as exc:
         frames_in.drops.note(exc, "frames")
         frames_in.ack(msg.header["id"])
         return
     try:
-        image = views.array(msg.header["px"].get("lb"), msg.arrays)
+        image = views.array(header.px.get("lb"), msg.arrays)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
             raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")
     except SlotError as exc:
-        send_message(results_out, {"type": FAILED, "id": msg.header["id"], "name": msg.header["name"],
-                                   "stage": "infer", "worker": args.name, "reason": str(exc),
-                                   "cycle": msg.header.get("cycle"), "video": msg.header.get("video")},
-                     token=args.wire.token)
-        frames_in.ack(msg.header["id"], release=True)
+        send_message(results_out, header.failed("infer", args.name, str(exc)), token=args.wire.token)
+        frames_in.ack(header.id, release=True)
         return
-    waiting[tuple(image.shape)].append((time.perf_counter(), msg, image))
+    waiting[tuple(image.shape)].append(Waiting(time.perf_counter(), header, msg.arrays, image))
 
 
 def _due_batch(waiting: dict, cfg, inputs_ended: bool):
@@ -251,36 +263,36 @@ def _due_batch(waiting: dict, cfg, inputs_ended: bool):
             continue
         if len(items) >= cfg.batch_size:
             return shape
-        if items[0][0] < oldest_t:
-            oldest_shape, oldest_t = shape, items[0][0]
+        if items[0].t_recv < oldest_t:
+            oldest_shape, oldest_t = shape, items[0].t_recv
     if oldest_shape is not None and (inputs_ended or (now - oldest_t) * 1e3 >= cfg.max_wait_ms):
         return oldest_shape
     return None
 
 
 def _poll_timeout_ms(waiting: dict, cfg) -> float:
-    oldest = min((items[0][0] for items in waiting.values() if items), default=None)
+    oldest = min((items[0].t_recv for items in waiting.values() if items), default=None)
     if oldest is None:
         return POLL_TIMEOUT_MS
     return max(0.0, min(POLL_TIMEOUT_MS, cfg.max_wait_ms - (time.perf_counter() - oldest) * 1e3))
 
 
-def _to_post(group: list, found: list[np.ndarray], cold: bool, t_start: float, t_end: float, worker: str,
+def _to_post(group: list[Waiting], found: list[np.ndarray], cold: bool, t_start: float, t_end: float, worker: str,
              batch: int) -> list[tuple[dict, list]]:
+    """Each frame of a batch as it goes to postprocess: its candidate rows in the message, its
+    header told which worker and batch ran it and when."""
     out = []
-    for (t_recv, msg, _), candidates in zip(group, found):
-        header = dict(msg.header)
-        for key in ("type", "src"):
-            header.pop(key, None)
-        header["t"] = {**header["t"], "infer_recv": t_recv, "infer_start": t_start, "infer_end": t_end}
-        header.update(batch=batch, infer=worker, cold=cold)
-        orig = header["px"].get("orig")
+    for item, candidates in zip(group, found):
+        header = item.header
+        orig = header.px.get("orig")
         arrays = [candidates]
         if orig is not None and "inline" in orig:  # an original that travelled in the message goes on with it
-            arrays.append(msg.arrays[orig["inline"]])
-            header["px"] = {**header["px"], "orig": {"inline": 1}}
-        header["px"] = {**header["px"], "lb": None, "cands": {"inline": 0}}
-        out.append((header, arrays))
+            arrays.append(item.arrays[orig["inline"]])
+            orig = {"inline": 1}
+        times = {**header.t, "infer_recv": item.t_recv, "infer_start": t_start, "infer_end": t_end}
+        header = dataclasses.replace(header, t=times, batch=batch, infer=worker, cold=cold,
+                                     px={**header.px, "orig": orig, "lb": None, "cands": {"inline": 0}})
+        out.append((header.to_message(), arrays))
     return out
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from workers.lifecycle import Wire
+from topology.stages import process_names
+from workers.wiring import Wire
 from workers.loop_clock import LoopClock
 from workers.messages import ACK, CREDIT, END, FRAME, RELEASE, validate
 from workers.transport import FRAME_LIMITS, DropCounter, Message, ProtocolError, make_socket, recv_message, send_message
@@ -327,21 +328,21 @@ class SlotReturns:
     def __init__(self, ctx: zmq.Context, args):
         self.token = args.wire.token
         self.sockets = {}
-        for i, endpoint in enumerate(args.endpoints.pre_returns):
+        owners = process_names(args.endpoints.counts, "pre")
+        for owner, endpoint in zip(owners, args.endpoints.of_pool("pre", "-returns")):
             socket = make_socket(ctx, zmq.PUSH, linger_ms=0, sndhwm=1000, curve=args.wire.curve)
             socket.connect(endpoint)
-            self.sockets[f"pre-{i}"] = socket
+            self.sockets[owner] = socket
 
-    def release(self, header: dict) -> None:
-        """Give back the slot of the frame ``header`` describes (its ``px`` references and the
-        ``pre`` worker that lent them); nothing for a frame whose pixels travelled inline."""
-        px, pre = header.get("px"), header.get("pre")
+    def release(self, frame_id: int, pre, px) -> None:
+        """Give back the slot of frame ``frame_id`` (its ``px`` references, lent by the ``pre``
+        worker); nothing for a frame whose pixels travelled inline."""
         ref = (px.get("orig") or px.get("lb")) if isinstance(px, dict) else None
         socket = self.sockets.get(pre) if isinstance(pre, str) else None
         if not isinstance(ref, dict) or not isinstance(ref.get("seg"), str) or "slot" not in ref or socket is None:
             return  # inline pixels, or nothing that names a slot: the owner checks what a release names
         try:
-            send_message(socket, {"type": RELEASE, "seg": ref["seg"], "items": [[ref["slot"], header["id"]]]},
+            send_message(socket, {"type": RELEASE, "seg": ref["seg"], "items": [[ref["slot"], frame_id]]},
                          token=self.token, flags=zmq.NOBLOCK)
         except zmq.Again:  # that worker is gone: its ring went with it
             pass

@@ -38,7 +38,7 @@ _TIMES = DICT  # {"read_start": float, ...}: checked by _check_times
 SCHEMAS: dict[str, dict[str, str]] = {
     CREDIT: {"n": INT},
     ACK: {"ids": LIST, "n": INT, "to": STR, "release": "?list"},
-    FRAME: {"id": INT, "src": STR},  # what the link needs; stages check their content (FRAME_CONTENT)
+    FRAME: {"id": INT, "src": STR},  # what the link needs; the receiving stage checks the rest (workers.frame_header)
     END: {},
     RELEASE: {"seg": STR, "items": LIST},
     # The optional fields of results and failures are what the collector acts on (a video frame to
@@ -58,10 +58,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     STOP: {"reason": STR, "signal": "?str"},
     PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR},
 }
-# What a stage reads in a frame, beyond the link's fields: checked by the receiving stage.
-PRE_FRAME = {"name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST, "lb_shape": LIST,
-             "keep_image": BOOL, "pre": STR, "t": _TIMES, "px": DICT, "release_by": STR, "video": "?dict"}
-INFER_FRAME = {**PRE_FRAME, "infer": STR, "batch": INT, "cold": BOOL}
+
 
 
 def is_number(value: Any) -> bool:

@@ -18,19 +18,21 @@ import zmq
 
 from analysis.samples import Samples
 from workers.failure_log import FailureLog
-from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
-                               setup_logging, test_slowdown_ms, worker_stats)
+from workers.clock import Clock, poll, worker_stats
+from workers.control import Control, Heartbeat
+from workers.faults import TestFaults
+from workers.lifecycle import enter_process, set_thread_counts, setup_logging
 from workers.links import SlotReturns, Upstream
-from workers.messages import FAILED, INFER_FRAME, RESULT, check_fields
+from workers.frame_header import FrameHeader
+from workers.messages import RESULT
 from workers.slots import SlotError, SlotViews
+from workers.wiring import StageArgs
 from workers.transport import DropCounter, ProtocolError, make_socket, send_message
-from yolo.boxes import unreduce_boxes
 from yolo.coco import coco_results
 from yolo.crops import crop_box, crop_paths
-from sequential.detect import annotated_name, detection_records, final_detections
+from yolo.detect import annotated_name, detection_records, final_detections, in_full_size
 from yolo.draw import DrawOptions, draw_detections
 from yolo.labels import label_lines, label_path
-from yolo.letterbox import LetterboxInfo
 
 POLL_TIMEOUT_MS = 100
 JPEG_QUALITY = 95  # OpenCV's default, as imwrite uses
@@ -99,63 +101,53 @@ class Outputs:
         self.log.info("%s", self.error)  # the collector reports it once for the whole run
 
 
-def postprocess(msg, views: SlotViews, opts, names, outputs: Outputs, substages: dict, measured: bool,
-                draw=None) -> dict:
+def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, outputs: Outputs, substages: dict,
+                measured: bool, draw=None) -> dict:
     """NMS, boxes back to full-size original pixels, labels, and the annotated image (drawn here,
     or, for a video frame, by the collector, which writes frames in order)."""
-    h = msg.header
     t_start = time.perf_counter()
-    info = LetterboxInfo(ratio=h["ratio"], pad=tuple(h["pad"]), original_shape=tuple(h["orig_shape"]),
-                         shape=tuple(h["lb_shape"]))
-    candidates = views.array(h["px"]["cands"], msg.arrays)
+    info = h.letterbox_info()
+    candidates = views.array(h.px.get("cands"), arrays)
     if candidates.dtype != np.float32 or candidates.ndim != 2 or candidates.shape[1] != 6:
         raise SlotError(f"expected float32 candidates of shape (K, 6), got {candidates.dtype} {candidates.shape}")
     dets = final_detections(torch.from_numpy(candidates.copy()), info, opts)  # in the decoded image's pixels
-    full = _full_size(dets, h)
+    full = in_full_size(dets, h.reduction, h.full_shape)
     t_nms = time.perf_counter()
-    records = detection_records(full, h["name"], h["id"], names)
-    first_pass = h["cycle"] == 0
+    records = detection_records(full, h.name, h.id, names)
+    first_pass = h.cycle == 0
     if first_pass and outputs.save_txt and len(full):
-        outputs.write_labels(h["name"], label_lines(full, h["full_shape"], outputs.save_conf))
+        outputs.write_labels(h.name, label_lines(full, h.full_shape, outputs.save_conf))
     saved = False
     t_draw = t_nms
-    orig = h["px"].get("orig")
+    orig = h.px.get("orig")
     if first_pass and outputs.save_crop and orig is not None and len(dets):
-        outputs.save_crops(h["name"], views.array(orig, msg.arrays), dets, names)  # a reduced decode: its pixels
-    result = {"type": RESULT, "id": h["id"], "name": h["name"], "batch": h["batch"], "cold": bool(h.get("cold")),
+        outputs.save_crops(h.name, views.array(orig, arrays), dets, names)  # a reduced decode: its pixels
+    result = {"type": RESULT, "id": h.id, "name": h.name, "batch": h.batch, "cold": h.cold,
               "image_saved": False, "detections": records,
               "predictions": coco_results(records, names) if first_pass else []}
-    if h["keep_image"] and orig is not None and h.get("release_by") == "collector":
-        result.update(video=h.get("video"), px={"orig": orig}, pre=h.get("pre"), cycle=h["cycle"],
+    if h.keep_image and orig is not None and h.release_by == "collector":
+        result.update(video=h.video_message(), px={"orig": orig}, pre=h.pre, cycle=h.cycle,
                       draw=dets.tolist())  # the collector draws and writes video frames in order
-    elif h["keep_image"] and orig is not None:
-        image = np.array(views.array(orig, msg.arrays))  # a copy: the slot stays as it was if we die
+    elif h.keep_image and orig is not None:
+        image = np.array(views.array(orig, arrays))  # a copy: the slot stays as it was if we die
         if image.ndim != 3 or image.shape[:2] != info.original_shape:
             raise SlotError(f"expected the original of shape {info.original_shape}, got {image.shape}")
         draw_detections(image, dets, names, inplace=True, **dataclasses.asdict(draw or DrawOptions()))
         t_draw = time.perf_counter()
-        saved = outputs.save_image(annotated_name(h["name"], h["cycle"]), image)
+        saved = outputs.save_image(annotated_name(h.name, h.cycle), image)
     t_end = time.perf_counter()
-    if measured and not h.get("cold"):
+    if measured and not h.cold:
         substages["nms"].add((t_nms - t_start) * 1e3)
         if saved:
             substages["draw"].add((t_draw - t_nms) * 1e3)
             substages["save"].add((t_end - t_draw) * 1e3)
-    result.update(t={**h["t"], "post_start": t_start, "post_end": t_end}, image_saved=saved,
+    result.update(t={**h.t, "post_start": t_start, "post_end": t_end}, image_saved=saved,
                   image_error=outputs.error)
     return result
 
 
-def _full_size(dets: torch.Tensor, header: dict) -> torch.Tensor:
-    """Boxes found on a reduced decode, mapped to the full-size frame's pixels."""
-    reduction = header.get("reduction", 1)
-    if reduction == 1:
-        return dets
-    return torch.cat((unreduce_boxes(dets[:, :4], reduction, header["full_shape"]), dets[:, 4:]), 1)
-
-
 def run(args: StageArgs) -> None:
-    enter_process(args)
+    signals = enter_process(args)
     threads = set_thread_counts(args.torch_threads, args.opencv_threads)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg = args.config
@@ -166,19 +158,18 @@ def run(args: StageArgs) -> None:
     failures = FailureLog(log)
     ctx = zmq.Context()
     control = Control(ctx, args, drops)
-    heartbeat = Heartbeat(ctx, args)
-    n_infer = len(args.endpoints.infer)
-    frames_in = Upstream(ctx, list(args.endpoints.infer), [f"infer-{i}" for i in range(n_infer)], args.identity,
-                         cfg.prefetch, args.wire, drops)
+    heartbeat = Heartbeat(ctx, args, signals)
+    producers, urls = args.endpoints.producers("post")
+    frames_in = Upstream(ctx, urls, producers, args.identity, cfg.prefetch, args.wire, drops)
     results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
-    results_out.connect(args.endpoints.collector)
+    results_out.connect(args.endpoints["collector"])
     returns = SlotReturns(ctx, args)
     views = SlotViews(args.run_tag)
     outputs = Outputs(args.run_dir, cfg, log)
     poller = zmq.Poller()
     for socket in frames_in.sockets + [control.socket]:
         poller.register(socket, zmq.POLLIN)
-    clock, slow_ms = Clock(), test_slowdown_ms("post")
+    clock, faults = Clock(), TestFaults.for_role("post")
     substages = {"nms": Samples(), "draw": Samples(), "save": Samples()}
     frames = bytes_out = 0
     frames_in.start()
@@ -195,27 +186,25 @@ def run(args: StageArgs) -> None:
                 if msg is None:
                     continue
                 try:
-                    h = check_fields(msg.header, INFER_FRAME, "frame")
+                    h = FrameHeader.from_message(msg.header, sent_by="infer")
                 except ProtocolError as exc:
                     drops.note(exc, "frames")
                     frames_in.ack(msg.header["id"])
                     continue
-                measured = h["id"] >= cfg.warmup
+                measured = h.id >= cfg.warmup
                 with clock.busy() as spent:
                     try:
-                        result = postprocess(msg, views, opts, names, outputs, substages, measured, draw)
-                        burn_cpu(slow_ms)
-                        result["workers"] = {"pre": h.get("pre"), "infer": h.get("infer"), "post": args.name}
+                        result = postprocess(h, msg.arrays, views, opts, names, outputs, substages, measured, draw)
+                        faults.on_frames([h.name])
+                        result["workers"] = {"pre": h.pre, "infer": h.infer, "post": args.name}
                         bytes_out += send_message(results_out, result, token=args.wire.token)
                     except Exception as exc:  # one bad frame must not take the stage down
-                        failures.failed("frame %d failed in postprocess", h["id"], exc_info=True)
-                        send_message(results_out, {"type": FAILED, "id": h["id"], "name": h["name"], "stage": "post",
-                                                   "worker": args.name, "reason": repr(exc), "cycle": h["cycle"],
-                                                   "video": h.get("video")}, token=args.wire.token)
-                    if h.get("release_by") == "post":
-                        returns.release(h)
-                    frames_in.ack(h["id"])
-                if measured and not h.get("cold"):
+                        failures.failed("frame %d failed in postprocess", h.id, exc_info=True)
+                        send_message(results_out, h.failed("post", args.name, repr(exc)), token=args.wire.token)
+                    if h.release_by == "post":
+                        returns.release(h.id, h.pre, h.px)
+                    frames_in.ack(h.id)
+                if measured and not h.cold:
                     clock.add_frames(*spent, frames=1)
                 frames += 1
             if control.socket in events:

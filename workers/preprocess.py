@@ -14,25 +14,30 @@ import zmq
 from analysis.samples import Samples
 from workers.failure_log import FailureLog
 from workers.in_hand import NOTHING, InHand
-from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
-                               setup_logging, test_crash, test_slowdown_ms, worker_stats)
+from topology.stages import consumers_of
+from workers.clock import Clock, poll, worker_stats
+from workers.control import Control, Heartbeat
+from workers.faults import TestFaults
+from workers.frame_header import FrameHeader, VideoPlace
+from workers.lifecycle import enter_process, set_thread_counts, setup_logging
 from workers.links import Downstream
 from workers.messages import FAILED, RELEASE, validate
 from workers.slots import SHM_DIR, SlotRing, segment_name
+from workers.wiring import StageArgs
 from workers.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
 from inputs.frames import Frame, FrameReadError, StreamError
 from inputs.imageio import DecodeOptions
-from yolo.letterbox import bgr_to_rgb_chw, letterbox
+from yolo.letterbox import LETTERBOX_STRIDE, bgr_to_rgb_chw, letterbox
 from inputs.reader import ShareReader
 
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
-LETTERBOX_STRIDE = 32  # the max stride of every YOLOv5 P5 model; inference checks its model agrees
 RETURNS_TYPES = frozenset({RELEASE})
 
 
-def prepare(frame: Frame, t_read: float, cfg, keep_original: bool) -> tuple[dict, list[np.ndarray]]:
+def prepare(frame: Frame, t_read: float, cfg, keep_original: bool, pre: str,
+            release_by: str) -> tuple[FrameHeader, list[np.ndarray]]:
     """Letterbox one frame read at ``t_read``: its header (geometry and timestamps) and its
     arrays (letterboxed RGB CHW uint8, then the BGR original when the image will be drawn)."""
     t_decoded = time.perf_counter()
@@ -40,13 +45,12 @@ def prepare(frame: Frame, t_read: float, cfg, keep_original: bool) -> tuple[dict
     chw = bgr_to_rgb_chw(boxed)  # the model's channel order, made here where it is cheapest
     t_done = time.perf_counter()
     ref = frame.ref
-    header = {"id": ref.frame_id, "name": ref.name, "cycle": ref.cycle, "ratio": info.ratio,
-              "pad": list(info.pad), "orig_shape": list(info.original_shape), "lb_shape": list(boxed.shape[:2]),
-              "full_shape": list(frame.original_shape), "reduction": frame.reduction, "keep_image": keep_original,
-              "t": {"read_start": t_read, "read_end": t_decoded, "pre_end": t_done}}
-    if frame.video is not None:
-        header["video"] = {"item": ref.item, "index": ref.index, "fps": frame.video.fps,
-                           "frames": frame.video.frames}
+    video = None if frame.video is None else VideoPlace(ref.item, ref.index, frame.video.fps, frame.video.frames)
+    header = FrameHeader(id=ref.frame_id, name=ref.name, cycle=ref.cycle, ratio=info.ratio, pad=tuple(info.pad),
+                         orig_shape=tuple(info.original_shape), lb_shape=tuple(boxed.shape[:2]),
+                         full_shape=tuple(frame.original_shape), reduction=frame.reduction,
+                         keep_image=keep_original, pre=pre, release_by=release_by,
+                         t={"read_start": t_read, "read_end": t_decoded, "pre_end": t_done}, video=video)
     return header, [chw, frame.image] if keep_original else [chw]
 
 
@@ -67,14 +71,15 @@ class FramesOut:
     def has_room(self) -> bool:
         return self.ring is None or self.ring.free_slots() > 0
 
-    def pack(self, header: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
+    def pack(self, header: FrameHeader, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
+        """The frame's message header, its arrays in a slot (named there) or else in the message."""
         if self.ring is None:
             refs, inline = [{"inline": i} for i in range(len(arrays))], arrays
         else:
-            slot = self.ring.acquire(header["id"])
+            slot = self.ring.acquire(header.id)
             refs, inline = self.ring.store(slot, arrays)
-        header["px"] = {"lb": refs[0], "orig": refs[1] if len(refs) > 1 else None}
-        return header, inline
+        px = {"lb": refs[0], "orig": refs[1] if len(refs) > 1 else None}
+        return dataclasses.replace(header, px=px).to_message(), inline
 
     def release(self, frame_id: int) -> None:
         if self.ring is not None:
@@ -93,28 +98,28 @@ class FramesOut:
 
 
 def run(args: StageArgs) -> None:
-    enter_process(args)
+    signals = enter_process(args)
     threads = set_thread_counts(args.torch_threads, args.opencv_threads, use_torch=False)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg, plan = args.config, args.plan
     drops = DropCounter(log)
     ctx = zmq.Context()
     control = Control(ctx, args, drops)
-    heartbeat = Heartbeat(ctx, args)
-    consumers = [f"infer-{i}" for i in range(len(args.endpoints.infer))]
-    frames_out = Downstream(ctx, args.endpoints.pre[args.index], consumers, args.identity, args.wire, drops)
+    heartbeat = Heartbeat(ctx, args, signals)
+    consumers = consumers_of(args.endpoints.counts, "pre")
+    frames_out = Downstream(ctx, args.endpoints[args.name], consumers, args.identity, args.wire, drops)
     returns_in = make_socket(ctx, zmq.PULL, max_message_bytes=FRAME_LIMITS.header_bytes, curve=args.wire.curve,
                              curve_server=True)  # a larger message disconnects its sender, as on every bound socket
-    returns_in.bind(args.endpoints.pre_returns[args.index])
+    returns_in.bind(args.endpoints[f"{args.name}-returns"])
     results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
-    results_out.connect(args.endpoints.collector)
+    results_out.connect(args.endpoints["collector"])
     slots = FramesOut(args)
     poller = zmq.Poller()
     for socket in (frames_out.socket, returns_in, control.socket):
         poller.register(socket, zmq.POLLIN)
-    clock, slow_ms = Clock(), test_slowdown_ms("pre")
+    clock, faults = Clock(), TestFaults.for_role("pre")
     substages, sent = {"read": Samples(), "letterbox": Samples()}, 0
-    reader = ShareReader(plan, args.index, len(args.endpoints.pre), args.start_position,
+    reader = ShareReader(plan, args.index, args.endpoints.counts["pre"], args.start_position,
                          decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
     handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
     stream_errors: list[str] = []
@@ -132,8 +137,8 @@ def run(args: StageArgs) -> None:
             if ready is None and more and frames_out.all_peers_known() and slots.has_room():
                 with clock.busy() as spent:
                     in_hand.hold(reader.position)
-                    ready, share_done = _read_next(reader, slots, cfg, args, results_out, failures, stream_errors)
-                    burn_cpu(slow_ms if ready else 0.0)
+                    ready, share_done = _read_next(reader, slots, cfg, args, results_out, failures, stream_errors,
+                                                   faults)
                 if ready is None:
                     handed = reader.position
                     in_hand.hold(NOTHING)
@@ -199,7 +204,7 @@ def _report_failed(ref, reason: str, args: StageArgs, results_out, failures: Fai
 
 
 def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, results_out, failures: FailureLog,
-               stream_errors: list[str]) -> tuple[tuple[dict, list] | None, bool]:
+               stream_errors: list[str], faults: TestFaults) -> tuple[tuple[dict, list] | None, bool]:
     """(the next frame prepared and packed into a slot, or None; whether the share is done).
     A frame that cannot be read is reported failed; a stream given up is logged once."""
     t_read = time.perf_counter()
@@ -219,14 +224,12 @@ def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, resu
         return None, False
     if frame is None:
         return None, True
-    test_crash(frame.ref.name)
+    faults.on_frames([frame.ref.name])
     save_every = cfg.save_every
     position = frame.ref.index if frame.video is not None else frame.ref.frame_id  # a video keeps every N-th of its own
     keep = save_every > 0 and position % save_every == 0
-    header, arrays = prepare(frame, t_read, cfg, keep)
     release_by = "collector" if keep and frame.video is not None else "post" if keep else "infer"
-    header.update(pre=args.name, release_by=release_by)
-    return slots.pack(header, arrays), False
+    return slots.pack(*prepare(frame, t_read, cfg, keep, args.name, release_by)), False
 
 
 def _take_returns(returns_in: zmq.Socket, slots: FramesOut, args: StageArgs, drops: DropCounter) -> None:

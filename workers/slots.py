@@ -51,7 +51,8 @@ def segment_name(run_tag: str, owner: str, incarnation: int) -> str:
     return name
 
 
-def _aligned(nbytes: int) -> int:
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to the alignment every array in a slot starts on."""
     return (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
 
 
@@ -87,7 +88,7 @@ class SlotRing:
         if slot_bytes <= 0 or count <= 0:
             raise ValueError(f"expected slot_bytes > 0 and count > 0, got {slot_bytes} and {count}")
         self.name = name
-        self.slot_bytes = _aligned(slot_bytes)
+        self.slot_bytes = aligned(slot_bytes)
         self.count = count
         self.path = os.path.join(directory, name)
         self._map = _map_file(self.path, self.slot_bytes * count, create=True)
@@ -117,7 +118,7 @@ class SlotRing:
         refs, inline = [], []
         offset = 0
         for array in arrays:
-            nbytes = _aligned(array.nbytes)
+            nbytes = aligned(array.nbytes)
             if offset + nbytes > self.slot_bytes:
                 refs.append({"inline": len(inline)})
                 inline.append(array)

@@ -50,7 +50,7 @@ def coco_results(records: Iterable[dict[str, Any]], names: Sequence[str]) -> lis
 
     Args:
         records: ``{"image", "frame", "class_id", "class", "score", "box": [x1, y1, x2, y2]}``
-            as :func:`sequential.detect.detection_records` gives them, in original-image pixels.
+            as :func:`yolo.detect.detection_records` gives them, in original-image pixels.
         names: the model's class names, which decide the category ids (see :func:`category_ids`).
 
     Returns:

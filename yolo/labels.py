@@ -48,7 +48,7 @@ def label_lines(dets: Tensor, image_shape_hw: Sequence[int], save_conf: bool = F
 
     Args:
         dets (Tensor[M, 6]): ``(x1, y1, x2, y2, score, class)`` rows in original-image pixels,
-            best score first (as :func:`sequential.detect.final_detections` gives them).
+            best score first (as :func:`yolo.detect.final_detections` gives them).
         image_shape_hw (Sequence[int]): ``(h, w)`` of the original image.
         save_conf (bool): append the score to each line (detect.py's ``--save-conf``).
 

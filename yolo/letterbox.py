@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+LETTERBOX_STRIDE = 32  # the max stride of every YOLOv5 P5 model: the pipeline letterboxes to it, whatever the model
+
 
 @dataclass(frozen=True)
 class LetterboxInfo:

@@ -1,0 +1,46 @@
+"""Faults a test asks a stage to suffer, read once from the environment (nothing outside tests):
+each frame costs extra CPU, or a frame with a given name kills the process as a decoder crash
+would. A stage calls :meth:`TestFaults.on_frames` once per unit of work and knows nothing else."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+TEST_SLOW_ENV = "YOLO_PIPELINE_TEST_SLOW"  # "post:30" makes each post frame burn 30 CPU-ms ("pre:5,post:30")
+TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # a preprocess worker dies on a frame whose name holds this text
+CRASH_EXIT_CODE = 70
+
+
+@dataclass(frozen=True)
+class TestFaults:
+    slow_ms: float = 0.0  # CPU-ms burnt per frame
+    crash_on: str = ""  # die on a frame whose name holds this text
+
+    @classmethod
+    def for_role(cls, role: str) -> TestFaults:
+        crash_on = os.environ.get(TEST_CRASH_ENV, "") if role == "pre" else ""
+        return cls(slow_ms=_slowdown_ms(os.environ.get(TEST_SLOW_ENV, ""), role), crash_on=crash_on)
+
+    def on_frames(self, names: list[str]) -> None:
+        """One unit of work on these frames: die if one is the named frame, burn the CPU asked for."""
+        if self.crash_on and any(self.crash_on in name for name in names):
+            os._exit(CRASH_EXIT_CODE)
+        if self.slow_ms:
+            burn_cpu(self.slow_ms * len(names))
+
+
+def _slowdown_ms(spec: str, role: str) -> float:
+    for part in spec.split(","):
+        stage, _, ms = part.partition(":")
+        if stage.strip() == role and ms.strip():
+            return float(ms)
+    return 0.0
+
+
+def burn_cpu(ms: float) -> None:
+    """Spin on the CPU (not sleep): a slow stage in a test must cost CPU like a real one."""
+    end = time.thread_time() + ms / 1e3
+    while time.thread_time() < end:
+        pass

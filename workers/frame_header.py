@@ -1,0 +1,85 @@
+"""The header a frame carries from preprocess through inference to postprocess: which frame, the
+letterbox geometry that maps boxes back to its pixels, where its arrays are, and its timestamps.
+Built once by preprocess, extended by inference, read by postprocess; checked once by each
+receiver (:meth:`FrameHeader.from_message`), so no stage meets a missing or mistyped field."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from workers.messages import BOOL, DICT, FAILED, FLOAT, INT, LIST, STR, check_fields
+from yolo.letterbox import LetterboxInfo
+
+# The fields a stage relies on in a frame from preprocess, and from inference.
+PRE_FRAME = {"id": INT, "name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST,
+             "lb_shape": LIST, "full_shape": LIST, "reduction": INT, "keep_image": BOOL, "pre": STR, "t": DICT,
+             "px": DICT, "release_by": STR, "video": "?dict"}
+INFER_FRAME = {**PRE_FRAME, "infer": STR, "batch": INT, "cold": BOOL}
+_SCHEMAS = {"pre": PRE_FRAME, "infer": INFER_FRAME}
+
+
+@dataclass(frozen=True)
+class VideoPlace:
+    """A video frame's place: the planned item and its frame index there (the collector writes
+    each video's frames in this order); fps and length as the video's header says."""
+
+    item: int
+    index: int
+    fps: float | None = None
+    frames: int | None = None
+
+    @classmethod
+    def from_message(cls, video: dict | None) -> VideoPlace | None:
+        return None if video is None else cls(video["item"], video["index"], video.get("fps"), video.get("frames"))
+
+
+@dataclass(frozen=True)
+class FrameHeader:
+    id: int
+    name: str
+    cycle: int  # which pass over the source (a --duration run loops it)
+    ratio: float  # letterbox scale
+    pad: tuple[float, float]
+    orig_shape: tuple[int, int]  # (H, W) of the decoded image (a reduced decode's, when reduced)
+    lb_shape: tuple[int, int]  # (H, W) letterboxed
+    full_shape: tuple[int, int]  # (H, W) of the full-size frame
+    reduction: int  # 1, or 2, 4, 8 for a reduced JPEG decode
+    keep_image: bool  # this frame's annotated image is saved: its original travels too
+    pre: str  # the preprocess worker that owns its slot
+    release_by: str  # the stage that gives the slot back: infer, post or collector
+    t: dict[str, float] = field(default_factory=dict)  # stage timestamps (perf_counter seconds)
+    px: dict = field(default_factory=dict)  # where each array is: {"lb": ..., "orig": ..., "cands": ...}
+    video: VideoPlace | None = None
+    infer: str = ""  # set by inference
+    batch: int = 0
+    cold: bool = False  # its forward was the first of its input shape (set-up time, not steady state)
+
+    @classmethod
+    def from_message(cls, header: dict, sent_by: str) -> FrameHeader:
+        """The header of a frame message from ``sent_by`` ("pre" or "infer"); ProtocolError if a
+        field is missing or of the wrong type."""
+        check_fields(header, _SCHEMAS[sent_by], "frame")
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in header.items() if k in names}
+        values.update(pad=tuple(header["pad"]), orig_shape=tuple(header["orig_shape"]),
+                      lb_shape=tuple(header["lb_shape"]), full_shape=tuple(header["full_shape"]),
+                      video=VideoPlace.from_message(header.get("video")))
+        return cls(**values)
+
+    def to_message(self) -> dict:
+        message = dataclasses.asdict(self)
+        message.update(pad=list(self.pad), orig_shape=list(self.orig_shape), lb_shape=list(self.lb_shape),
+                       full_shape=list(self.full_shape))
+        return message
+
+    def letterbox_info(self) -> LetterboxInfo:
+        return LetterboxInfo(ratio=self.ratio, pad=self.pad, original_shape=self.orig_shape, shape=self.lb_shape)
+
+    def video_message(self) -> dict | None:
+        return None if self.video is None else dataclasses.asdict(self.video)
+
+    def failed(self, stage: str, worker: str, reason: str) -> dict:
+        """The FAILED message for this frame."""
+        return {"type": FAILED, "id": self.id, "name": self.name, "stage": stage, "worker": worker, "reason": reason,
+                "cycle": self.cycle, "video": self.video_message()}
