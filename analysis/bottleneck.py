@@ -13,7 +13,7 @@ the same cores); with cores to spare, more workers for the limiting stage do."""
 
 from __future__ import annotations
 
-from analysis.stages import ROLE_NAMES, ROLES
+from topology.stages import ROLE_NAMES, ROLES
 from analysis.stats import ratio
 from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
 

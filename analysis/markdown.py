@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analysis.stages import ROLE_NAMES, ROLES
+from topology.stages import ROLE_NAMES, ROLES
 from analysis.trace import process_label
 from yolo.module_stats import RESIDUAL_NAME
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from analysis.resources import PSS, RSS, cumulative_cpu
 from analysis.run_data import RunData
-from analysis.stages import ROLES
+from topology.stages import ROLES
 from analysis.trace import TRACE_SPANS
 from analysis.windows import is_measured
 from yolo.module_stats import RESIDUAL_NAME

@@ -24,7 +24,8 @@ from analysis.plots import render_plots
 from analysis.resources import resource_report
 from analysis.run_data import RunData
 from analysis.samples import summarise_ms
-from analysis.stages import ROLES, stage_report
+from analysis.stages import stage_report
+from topology.stages import ROLES
 from analysis.stats import ratio
 from analysis.trace import process_label, trace_events
 from analysis.windows import is_measured, measured_window, stability, throughput_windows

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from analysis.samples import as_samples, pooled
 from analysis.stats import ratio, utilisation
-from topology.stages import ROLE_NAMES, ROLES  # noqa: F401 (the report's names and order of the stages)
+
 
 WORKER_FIELDS = ("name", "incarnation", "pid", "device", "threads", "precision", "frames", "batches", "wall_s",
                  "busy_s", "busy_cpu_s", "cpu_s", "wait_in_s", "blocked_out_s", "bytes_in", "bytes_out",

@@ -4,7 +4,7 @@ not have been written)."""
 from __future__ import annotations
 
 from analysis.printable import printable
-from analysis.stages import ROLE_NAMES, ROLES
+from topology.stages import ROLE_NAMES, ROLES
 
 MIB = 1 << 20
 

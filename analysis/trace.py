@@ -9,7 +9,7 @@ import bisect
 import math
 
 from analysis.run_data import RunData
-from analysis.stages import ROLES
+from topology.stages import ROLES
 
 TRACE_SPANS = (("pre", "read+letterbox", "read_start", "pre_end"), ("infer", "infer", "infer_start", "infer_end"),
                ("post", "nms+draw+save", "post_start", "post_end"))

@@ -28,7 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from backends.base import Backend
+from backends.options import BackendOptions
 from yolo.checkpoint import load_model
+from yolo.model import TIMING_SELECTIONS
 from yolo.precision import Precision
 from yolo.timing import Recorder, select_modules
 
@@ -191,12 +194,10 @@ class OpenVinoModel:
         self.requests: dict[tuple, Any] = {}
 
     def _timing(self, selection: str, keep_span_forwards: int) -> CounterTiming | None:
-        from yolo.model import C3, SPPF, Bottleneck, Conv, Detect
         if selection == "none":
             return None
-        choose = {"layers": {"depth": 2}, "blocks": {"types": (Conv, Bottleneck, C3, SPPF, Detect)},
-                  "leaves": {"leaves": True}}[selection]
-        return CounterTiming(self.torch_model, select_modules(self.torch_model, **choose), keep_span_forwards)
+        chosen = select_modules(self.torch_model, **TIMING_SELECTIONS[selection])
+        return CounterTiming(self.torch_model, chosen, keep_span_forwards)
 
     def num_params(self) -> int:
         return self.torch_model.num_params()
@@ -225,3 +226,24 @@ class OpenVinoModel:
     def log_line(self) -> str:
         version = import_openvino().__version__.split("-")[0]
         return f"OpenVINO {version} ({self.config.get('INFERENCE_NUM_THREADS', 'all')} threads, IR {self.xml.parent.name})"
+
+
+class OpenVinoBackend(Backend):
+    name = "openvino"
+
+    def engine_words(self) -> str:
+        return self.model.log_line()
+
+
+def load(options: BackendOptions) -> OpenVinoBackend:
+    model = OpenVinoModel(options.weights, preset=options.preset, precision=options.precision,
+                          threads=options.threads, fuse=options.fuse, timing=options.module_timing,
+                          keep_span_forwards=options.keep_span_forwards)
+    return OpenVinoBackend(model, model.timing, options)
+
+
+def prepare(options: BackendOptions) -> str:
+    """Convert the model once, before the inference processes start (seconds each, all at once
+    otherwise), into the disk cache; a cached conversion is only checked."""
+    path, converted = converted_model_path(options.weights, preset=options.preset, fuse=options.fuse)
+    return f"OpenVINO model {'converted and cached' if converted else 'from the cache'}: {path.parent}"

@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from yolo.checkpoint import load_model  # noqa: E402
 from yolo.devices import resolve_device  # noqa: E402
 from yolo.letterbox import letterbox_shape  # noqa: E402
-from yolo.model import YOLOv5, decode_inplace, decode_outplace  # noqa: E402
+from yolo.layers import decode_inplace, decode_outplace  # noqa: E402
+from yolo.model import YOLOv5  # noqa: E402
 from yolo.timing import instrument  # noqa: E402
 
 from interleave import paired_ratio, round_robin  # noqa: E402  (benchmarks/: this script's folder)

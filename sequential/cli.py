@@ -10,14 +10,15 @@ import os
 import numpy as np
 import torch
 
-from yolo.checkpoint import CheckpointError, load_model
+from yolo.checkpoint import CheckpointError
 from sequential.detect import SEQUENTIAL_STAGES, run_sequential, write_json
 from yolo.detect import DetectOptions
 from yolo.devices import resolve_device
 from inputs.downloads import DownloadFolder
 from yolo.helpformat import DefaultsHelpFormatter
 from inputs.imageio import DEFAULT_MAX_PIXELS, DECODE_MODES, DecodeOptions
-from backends.openvino import OpenVinoError, OpenVinoModel
+from backends.options import BackendOptions
+from backends.registry import NAMES as BACKEND_NAMES, check_backend, load_backend
 from yolo.precision import choose_precision
 from inputs.sources import plan_frames
 from inputs.streams import StreamOptions
@@ -50,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="NMS across classes")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or N for cuda:N")
-    p.add_argument("--backend", choices=("torch", "openvino"), default="torch",
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="torch",
                    help="what runs the forward: torch, or OpenVINO on the CPU (the model converted once, cached)")
     p.add_argument("--half", action="store_true",
                    help="half precision: fp16 on CUDA, bfloat16 on a CPU with AVX512-BF16 or AMX "
@@ -94,7 +95,7 @@ def detect(args: argparse.Namespace, download_dir: str) -> int:
                 raise ValueError(f"--threads: expected >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
         model = load_detector(args, device, precision)
-    except (ValueError, CheckpointError, OpenVinoError) as exc:
+    except (ValueError, CheckpointError, RuntimeError) as exc:  # RuntimeError: a backend's own (OpenVinoError)
         log.error("error: %s", exc)
         return 2
     log.info("source %s: %s", args.source, plan.summary())
@@ -110,13 +111,10 @@ def detect(args: argparse.Namespace, download_dir: str) -> int:
 
 def load_detector(args: argparse.Namespace, device: torch.device, precision: str):
     """The torch model, or the same model converted for OpenVINO (cached on disk), called alike."""
-    if args.backend == "torch":
-        return load_model(args.weights, preset=args.preset, device=device, precision=precision, fuse=not args.no_fuse,
-                          channels_last=not args.no_channels_last)
-    if device.type != "cpu":
-        raise ValueError(f"--backend openvino runs on the CPU here; expected --device cpu, got {args.device!r}")
-    return OpenVinoModel(args.weights, preset=args.preset, precision=precision, threads=args.threads,
-                         fuse=not args.no_fuse)
+    check_backend(args.backend, device.type)
+    options = BackendOptions(args.weights, preset=args.preset, device=str(device), precision=precision,
+                             threads=args.threads, fuse=not args.no_fuse, channels_last=not args.no_channels_last)
+    return load_backend(args.backend, options).model
 
 
 def check_save_options(args: argparse.Namespace) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import importlib.util
 import logging
 import math
 import os
@@ -15,6 +14,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from backends.registry import check_backend
+from backends.registry import prepare_backend as prepare_backend_once
 from supervisor.limits import check_descriptors, check_frame_memory
 from workers.config import ConfigError, RunConfig
 from workers.host import usable_cores
@@ -89,33 +90,31 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     return resolved, machine, names
 
 
-def _runs_openvino(cfg: RunConfig) -> bool:
-    """OpenVINO runs a model in this run (a model-free run has none to convert)."""
-    return cfg.backend == "openvino" and (cfg.preset != MODEL_FREE or bool(cfg.weights))
+def _runs_a_model(cfg: RunConfig) -> bool:
+    """A model runs in this run (a model-free run has none for a backend to load)."""
+    return cfg.preset != MODEL_FREE or bool(cfg.weights)
 
 
 def _check_backend(cfg: RunConfig, on_cuda: bool) -> None:
-    if not _runs_openvino(cfg):
+    if not _runs_a_model(cfg):
         return
-    if on_cuda:
-        raise ConfigError(f"config backend: openvino runs on the CPU here; expected device cpu, got {cfg.device!r} "
-                          "(use the torch backend on CUDA)")
-    if importlib.util.find_spec("openvino") is None:
-        raise ConfigError("config backend: openvino is not installed (pip install -r requirements.txt installs the "
-                          "pinned version)")
+    try:
+        check_backend(cfg.backend, "cuda" if on_cuda else "cpu")
+    except ValueError as exc:
+        raise ConfigError(f"config backend: {exc}") from None
 
 
 def prepare_backend(cfg: RunConfig) -> None:
-    """Convert the model for OpenVINO now, once, into its disk cache, so that no inference process
-    converts it (seconds each, all at once); a cached conversion is only checked."""
-    if not _runs_openvino(cfg):
+    """The backend's once-per-run preparation, before any inference process starts (OpenVINO
+    converts the model into its disk cache here, not in every process at once)."""
+    if not _runs_a_model(cfg):
         return
-    from backends.openvino import OpenVinoError, converted_model_path
     try:
-        path, converted = converted_model_path(cfg.weights or None, preset=cfg.preset, fuse=cfg.fuse)
-    except OpenVinoError as exc:
+        done = prepare_backend_once(cfg.backend, cfg.backend_options(cfg.devices[0], "fp32", cfg.infer_threads))
+    except (RuntimeError, ValueError) as exc:  # the backend's own error (OpenVinoError is a RuntimeError)
         raise ConfigError(f"config backend: {exc}") from None
-    log.info("OpenVINO model %s: %s", "converted and cached" if converted else "from the cache", path.parent)
+    if done:
+        log.info("%s", done)
 
 
 def device_specs(device: str) -> list[str]:

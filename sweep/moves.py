@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from analysis.stages import ROLE_NAMES, ROLES
+from topology.stages import ROLE_NAMES, ROLES
 
 if TYPE_CHECKING:  # the trial's analysis; sweep.search imports this module
     from sweep.search import Measurement

@@ -8,7 +8,7 @@ import io
 import shlex
 
 from analysis.report import json_safe
-from analysis.stages import ROLE_NAMES
+from topology.stages import ROLE_NAMES
 from sweep.search import SWEPT, SweepResult, Trial, mean_fps
 
 TRIAL_COLUMNS = ("trial", "purpose", *SWEPT, "fps", "latency_p50_ms", "latency_p95_ms", "cpu_ms_per_frame",

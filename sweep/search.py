@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from analysis.stages import ROLES
+from topology.stages import ROLES
 from supervisor import exit_codes
 from sweep.moves import SWEPT, Machine, Move, Settings, propose  # noqa: F401 (re-exported)
 

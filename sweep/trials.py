@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from analysis.atomic import write_bytes_atomic
 from analysis.report import json_safe
-from analysis.stages import ROLE_NAMES
+from topology.stages import ROLE_NAMES
 from sweep.search import (FIRST_TRIAL_EXTRA_S, SWEPT, TRIAL_OVERHEAD_S, Machine, Measurement, Settings, Sweep,
                             SweepInterrupted, SweepResult, Trial)
 from sweep.output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table

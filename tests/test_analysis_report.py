@@ -12,7 +12,7 @@ import pytest
 
 from analysis.markdown import module_table_rows
 from analysis.report import MODULES_CSV_HEADER, RunData, build_report, json_safe, json_summary, write_run_folder
-from analysis.stages import ROLES
+from topology.stages import ROLES
 from analysis.terminal import format_summary
 from yolo.module_stats import RESIDUAL_NAME
 

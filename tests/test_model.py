@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from yolo.model import Detect, ModelConfig, YOLOv5, decode_inplace, decode_outplace, load_matching_state
+from yolo.layers import Detect, decode_inplace, decode_outplace
+from yolo.model import ModelConfig, YOLOv5, load_matching_state
 
 # Parameter counts Ultralytics prints for these models (before fusion).
 PRESET_PARAMS = {"yolov5n": 1_872_157, "yolov5s": 7_235_389}

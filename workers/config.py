@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.registry import NAMES as BACKEND_NAMES
+
 # TOML section -> the RunConfig fields it may hold.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("weights", "preset", "backend", "fuse", "inplace", "half", "channels_last"),
@@ -24,7 +26,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "transport": ("transport", "tcp_host", "tcp_base_port"),
 }
 MODULE_TIMING = ("none", "layers", "blocks", "leaves")
-BACKENDS = ("torch", "openvino")  # what runs the forward: torch (CPU or CUDA), or OpenVINO (CPU)
 TIMING_MODES = ("auto", "cpu", "cuda-sync", "cuda-events")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -108,7 +109,7 @@ class RunConfig:
         _check(self.duration >= 0, "duration", ">= 0 seconds (0 = off)", self.duration)
         _check(self.vid_stride >= 1, "vid_stride", ">= 1", self.vid_stride)
         _check(self.decode in ("full", "reduced"), "decode", "'full' or 'reduced'", self.decode)
-        _check(self.backend in BACKENDS, "backend", f"one of {BACKENDS}", self.backend)
+        _check(self.backend in BACKEND_NAMES, "backend", f"one of {BACKEND_NAMES}", self.backend)
         _check(self.max_pixels > 0, "max_pixels", "> 0", self.max_pixels)
         _check(self.name == "" or (self.name not in (".", "..", "latest") and "/" not in self.name
                                    and "\\" not in self.name), "name", "a folder name without '/' (not 'latest')",
@@ -148,6 +149,14 @@ class RunConfig:
         """Frames each inference worker lets every preprocess worker send ahead: ``prefetch``
         batches shared among the producers (at least one each)."""
         return max(1, math.ceil(self.batch_size * self.prefetch / self.pre_workers))
+
+    def backend_options(self, device: str, precision: str, threads: int):
+        """How an inference process loads this run's backend (backends.registry)."""
+        from backends.options import BackendOptions
+        return BackendOptions(weights=self.weights or None, preset=self.preset, device=device, precision=precision,
+                              threads=threads, batch_size=self.batch_size, fuse=self.fuse, inplace=self.inplace,
+                              channels_last=self.channels_last, module_timing=self.module_timing,
+                              timing_mode=self.timing_mode, keep_span_forwards=self.trace_module_forwards)
 
     def detect_options(self):
         """The options of yolo.detect that inference and postprocess share."""

@@ -15,10 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-import torch.nn as nn
 import zmq
 
 from analysis.samples import Samples
+from backends.registry import load_backend
 from topology.stages import consumers_of
 from workers.clock import Clock, poll, worker_stats
 from workers.control import Control, Heartbeat
@@ -29,14 +29,11 @@ from workers.frame_header import FrameHeader
 from workers.slots import SlotError, SlotViews
 from workers.wiring import StageArgs
 from workers.transport import DropCounter, ProtocolError, make_socket, send_message
-from yolo.checkpoint import load_model
-from yolo.detect import DetectOptions, candidates_for_batch
+from yolo.detect import DetectOptions
 from yolo.letterbox import LETTERBOX_STRIDE
-from yolo.model import C3, SPPF, Bottleneck, Conv, Detect
 from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
-from yolo.tensors import BatchInput, batch_bucket
-from yolo.timing import default_timing_mode, instrument
+from yolo.tensors import batch_bucket
 
 POLL_TIMEOUT_MS = 100
 NO_CANDIDATES = np.zeros((0, 6), np.float32)
@@ -52,83 +49,53 @@ class Waiting(NamedTuple):
     image: np.ndarray
 
 
-def instrument_model(model: nn.Module, cfg, device: torch.device):
-    if cfg.module_timing == "none":
-        return None
-    mode = default_timing_mode(device) if cfg.timing_mode == "auto" else cfg.timing_mode
-    selection = {"layers": {"depth": 2}, "blocks": {"types": (Conv, Bottleneck, C3, SPPF, Detect)},
-                 "leaves": {"leaves": True}}[cfg.module_timing]
-    return instrument(model, mode=mode, keep_span_forwards=cfg.trace_module_forwards, **selection)
-
-
-def load_backend(cfg, device: torch.device, precision: str, threads: int):
-    """(the model, its module timing or None) for ``cfg.backend``: torch's model wrapped by
-    ``TimedModule``, or the OpenVINO model (converted by the runner beforehand) timed by its own
-    counters. Both are called alike: float batch in, decoded predictions out."""
-    if cfg.backend == "openvino":
-        from backends.openvino import OpenVinoModel
-        model = OpenVinoModel(cfg.weights or None, preset=cfg.preset, precision=precision, threads=threads,
-                              fuse=cfg.fuse, timing=cfg.module_timing, keep_span_forwards=cfg.trace_module_forwards)
-        return model, model.timing
-    model = load_model(cfg.weights or None, preset=cfg.preset, device=device, precision=precision, fuse=cfg.fuse,
-                       inplace=cfg.inplace, channels_last=cfg.channels_last)
-    return model, instrument_model(model, cfg, device)
-
-
 class Detector:
-    """The model and what a batch needs: input conversion, candidate selection, module timing."""
+    """The backend and what a batch needs around it: the padded row count, first forwards of a
+    shape told apart, the steps' times."""
 
     def __init__(self, args: StageArgs):
         cfg = args.config
         self.device = torch.device(args.device)
-        self.model = None
-        self.timing = None
+        self.backend = None
         self.precision = choose_precision(self.device, cfg.half)
         if cfg.preset != MODEL_FREE or cfg.weights:
             logging.getLogger("yolo.model").setLevel(logging.ERROR)  # the runner already warned of random weights
-            self.model, self.timing = load_backend(cfg, self.device, self.precision, args.torch_threads)
-            if self.model.max_stride != LETTERBOX_STRIDE:
-                raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {self.model.max_stride}")
+            options = cfg.backend_options(args.device, self.precision, args.torch_threads)
+            self.backend = load_backend(cfg.backend, options)
+            if self.backend.max_stride != LETTERBOX_STRIDE:
+                raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {self.backend.max_stride}")
         else:
             self.precision = "none"
+        self.timing = self.backend.timing if self.backend else None
         self.opts: DetectOptions = cfg.detect_options()
-        self.to_batch = BatchInput(self.device, self.model.input_dtype if self.model else torch.float32,
-                                   cfg.batch_size)
         self.batch_size = cfg.batch_size
         self.shapes_seen: set[tuple] = set()
 
     def candidates(self, images: list[np.ndarray], substages: dict, measured: bool) -> tuple[list[np.ndarray], bool]:
-        """Per image Tensor[K, 6] candidates as numpy, and whether this was the first forward of
-        its input shape here (slow one-off set-up: excluded from statistics). On a GPU a partial
-        batch runs padded to its bucket (``batch_bucket``), so new input shapes stay few."""
+        """Per image (K, 6) candidate rows, and whether this was the first forward of its input
+        shape here (slow one-off set-up: excluded from statistics). On a GPU a partial batch runs
+        padded to its bucket (``batch_bucket``), so new input shapes stay few."""
         rows = batch_bucket(len(images), self.batch_size) if self.device.type == "cuda" else len(images)
         shape = (rows,) + images[0].shape
         cold = shape not in self.shapes_seen
         self.shapes_seen.add(shape)
-        if self.model is None:
+        if self.backend is None:
             return [NO_CANDIDATES] * len(images), cold
-        if self.timing:
-            self.timing.recorder.measuring = measured and not cold
-        t_start = time.perf_counter()
-        with torch.inference_mode():
-            x = self.to_batch(images, rows)
-            t_device = time.perf_counter()
-            prediction = self.model(x)[:len(images)]  # the padded rows' results are dropped
-            t_forward = time.perf_counter()
-            found = candidates_for_batch(prediction, self.opts)  # .cpu() here waits for the GPU
-        t_end = time.perf_counter()
+        self.backend.set_measuring(measured and not cold)
+        found, steps = self.backend.run_batch(images, rows, self.opts)
         if measured and not cold:
-            substages["to_device"].add((t_device - t_start) * 1e3)
-            substages["forward"].add((t_forward - t_device) * 1e3)
-            substages["select"].add((t_end - t_forward) * 1e3)
-        return [c.numpy() for c in found], cold
+            for step, seconds in steps.items():
+                substages[step].add(seconds * 1e3)
+        return found, cold
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name if self.backend is not None else "none"
 
     def log_line(self) -> str:
-        if self.model is None:
+        if self.backend is None:
             return "no model (--preset none): every frame gets no detections at once"
-        mode = self.timing.recorder.mode if self.timing else "off"
-        engine = self.model.log_line() if hasattr(self.model, "log_line") else f"torch {torch.__version__}"
-        return f"model on {self.device}: {self.model.num_params()} parameters, {self.precision}, {engine}, timing {mode}"
+        return self.backend.log_line()
 
 
 def run(args: StageArgs) -> None:
@@ -216,7 +183,7 @@ def run(args: StageArgs) -> None:
                       [h["id"] for h, _ in outbox])
         send_message(results_out, worker_stats(
             args, "infer", threads, clock, frames, drops, batches=batches, precision=detector.precision,
-            backend=args.config.backend if detector.model is not None else "none",
+            backend=detector.backend_name,
             cold_forwards=cold_forwards, cold_forward_s=cold_forward_s,
             bytes_in=frames_in.bytes_received, bytes_out=frames_out.bytes_sent,
             messages_in=frames_in.frames_received, messages_out=frames_out.frames_sent,

@@ -1,0 +1,55 @@
+"""What every inference backend is: a loaded model called alike (a float batch in, decoded
+predictions out), its precision, its per-module times, and one log line. The steps of a batch
+around the forward (to the device, candidate rows out) are the same for every backend."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from backends.options import BackendOptions
+from yolo.detect import DetectOptions, candidates_for_batch
+from yolo.tensors import BatchInput
+
+
+class Backend:
+    """A loaded model (called like a torch module) and its per-module timing (None when off)."""
+
+    name = "base"
+
+    def __init__(self, model, timing, options: BackendOptions):
+        self.model, self.timing, self.options = model, timing, options
+        self.device = torch.device(options.device)
+        self.precision = model.precision
+        self.max_stride = model.max_stride
+        self.to_batch = BatchInput(self.device, model.input_dtype, options.batch_size)
+
+    def run_batch(self, images: list[np.ndarray], rows: int,
+                  opts: DetectOptions) -> tuple[list[np.ndarray], dict[str, float]]:
+        """Candidate rows (K, 6) per image, and the seconds of each step: to the device, the
+        forward, the candidates' selection. ``rows`` > len(images) pads the batch (dropped)."""
+        t_start = time.perf_counter()
+        with torch.inference_mode():
+            x = self.to_batch(images, rows)
+            t_device = time.perf_counter()
+            prediction = self.model(x)[:len(images)]
+            t_forward = time.perf_counter()
+            found = candidates_for_batch(prediction, opts)  # .cpu() here waits for a GPU
+        t_end = time.perf_counter()
+        steps = {"to_device": t_device - t_start, "forward": t_forward - t_device, "select": t_end - t_forward}
+        return [c.numpy() for c in found], steps
+
+    def set_measuring(self, measuring: bool) -> None:
+        if self.timing is not None:
+            self.timing.recorder.measuring = measuring
+
+    def engine_words(self) -> str:
+        """The engine and its version, as the log line says them."""
+        return f"torch {torch.__version__}"
+
+    def log_line(self) -> str:
+        mode = self.timing.recorder.mode if self.timing else "off"
+        return (f"model on {self.device}: {self.model.num_params()} parameters, {self.precision}, "
+                f"{self.engine_words()}, timing {mode}")
