@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from analysis.atomic import write_bytes_atomic
 from analysis.bottleneck import diagnose, too_little_to_judge
+from analysis.machine import Machine
 from analysis.markdown import markdown
 from analysis.printable import printable
 from analysis.plots import render_plots
@@ -107,10 +108,8 @@ def json_summary(summary: dict, **extra: Any) -> dict:
 
 def machine_of(run: RunData) -> dict:
     """run.machine, completed from the environment and configuration where it is missing."""
-    device = str(run.config.get("device") or "cpu")
-    return {"cores": run.machine.get("cores") or run.environment.get("cpu_cores"),
-            "device_type": run.machine.get("device_type") or ("cuda" if device.startswith("cuda") else "cpu"),
-            "bf16": bool(run.machine.get("bf16", False))}
+    return Machine.from_dict(run.machine, cores=run.environment.get("cpu_cores"),
+                             device=str(run.config.get("device") or "cpu")).as_dict()
 
 
 def build_report(run: RunData) -> dict:

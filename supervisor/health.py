@@ -41,7 +41,6 @@ class Health:
         self.timeout_s = timeout_s
         self.clock = clock or LoopClock()
         self.beats: dict[str, Beat] = {}
-        self.signals: list[tuple[str, str]] = []  # (process, signal name) passed on by workers
         self.late_but_running: set[str] = set()  # named once in the log, not on every look
 
     def expect(self, name: str, incarnation: int, start_position: int = 0, pid: int = 0) -> None:
@@ -58,8 +57,6 @@ class Health:
             return False
         beat.last_s, beat.ran = self.clock.now(), None
         beat.position, beat.loop_age_s = header["position"], header["loop_age_s"]
-        if header.get("signal") and (header["name"], header["signal"]) not in self.signals:
-            self.signals.append((header["name"], header["signal"]))
         return True
 
     def ready(self) -> bool:

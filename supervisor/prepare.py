@@ -12,8 +12,8 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 
+from analysis.machine import Machine
 from backends.registry import check_backend
 from backends.registry import prepare_backend as prepare_backend_once
 from supervisor.limits import check_descriptors, check_frame_memory
@@ -39,16 +39,6 @@ SHM_FILL = 0.8  # the rings may take this share of the free shared memory; the r
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Machine:
-    cores: int
-    device_type: str  # "cpu" | "cuda"
-    bf16: bool  # the CPU has native bfloat16 (avx512_bf16 or amx_bf16)
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     """Fill the automatic counts and check devices, preset and weights; returns the resolved
     config, the machine, and the class names. torch is imported only for CUDA or weights."""
@@ -70,7 +60,7 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     else:
         devices = ["cpu"]
     machine = Machine(cores=usable_cores(), device_type="cuda" if on_cuda else "cpu",
-                      bf16=has_native_bf16(read_cpu_flags()))
+                      bf16=has_native_bf16(read_cpu_flags()), gpus=len(devices) if on_cuda else 0)
     if cfg.preset not in PRESETS and cfg.preset != MODEL_FREE:
         raise ConfigError(f"config preset: expected one of {sorted(PRESETS)} or {MODEL_FREE!r}, got {cfg.preset!r}")
     try:

@@ -26,7 +26,8 @@ from analysis.atomic import write_bytes_atomic
 from analysis.printable import PrintableFormatter
 from supervisor.console import Console, ConsoleHandler, model_words
 from supervisor.health import Health
-from supervisor.prepare import Machine, make_run_dir, point_latest, slot_plan
+from analysis.machine import Machine
+from supervisor.prepare import make_run_dir, point_latest, slot_plan
 from supervisor.salvage import salvage_lists, write_runner_report
 from supervisor.processes import Launcher
 from supervisor import exit_codes

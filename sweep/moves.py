@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from analysis.machine import Machine
 from topology.stages import ROLE_NAMES, ROLES
 
 if TYPE_CHECKING:  # the trial's analysis; sweep.search imports this module
@@ -60,19 +61,6 @@ class Settings:
                 return "+half" if self.half else "-half"
             return f"{SHORT_NAMES[n]} {getattr(other, n)}->{getattr(self, n)}"
         return ", ".join(one(n) for n in SWEPT if getattr(self, n) != getattr(other, n))
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What bounds the settings: cores, and the GPUs inference runs on (0 on CPU)."""
-
-    cores: int
-    gpus: int = 0
-    bf16: bool = False  # the CPU computes bfloat16 natively (avx512_bf16 or amx_bf16)
-
-    @property
-    def on_cuda(self) -> bool:
-        return self.gpus > 0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from analysis.atomic import write_bytes_atomic
 from analysis.report import json_safe
 from topology.stages import ROLE_NAMES
-from sweep.search import (FIRST_TRIAL_EXTRA_S, SWEPT, TRIAL_OVERHEAD_S, Machine, Measurement, Settings, Sweep,
+from sweep.search import (FIRST_TRIAL_EXTRA_S, SWEPT, TRIAL_OVERHEAD_S, Measurement, Settings, Sweep,
                             SweepInterrupted, SweepResult, Trial)
 from sweep.output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
 from sweep.plot import sweep_png
@@ -132,11 +132,10 @@ def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequ
     """Run the sweep, write its files, print the table (or the JSON summary); the exit code.
     The budget runs from ``started_s`` (the runner's start, perf_counter clock)."""
     sweep_dir = make_sweep_dir(given.results, given.name, given.exist_ok)
-    gpus = len(resolved.devices) if machine.device_type == "cuda" else 0
     log.info("sweep %s: %g s budget, %g s trials, from %s", sweep_dir, request.budget_s, request.trial_s,
              Settings.of(resolved).label())
     trials = LiveTrials(given, sweep_dir, request.trial_s, download_dir)
-    sweep = Sweep(trials, Machine(machine.cores, gpus, bf16=machine.bf16), request.budget_s, request.trial_s,
+    sweep = Sweep(trials, machine, request.budget_s, request.trial_s,
                   on_trial=log_trial, started_s=started_s)
     result = sweep.run(Settings.of(resolved))
     command, config_saved, failed = None, None, {}

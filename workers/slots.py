@@ -99,9 +99,6 @@ class SlotRing:
     def free_slots(self) -> int:
         return len(self._free)
 
-    def lent(self) -> dict[int, int]:
-        return dict(self._lent)
-
     def acquire(self, frame_id: int) -> int | None:
         """A free slot, now lent to ``frame_id``; None when every slot is lent."""
         if not self._free:
