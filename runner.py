@@ -69,15 +69,21 @@ def usage_error(message: str) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> tuple[str, dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    ns = vars(build_parser(json_errors="--json" in argv).parse_args(argv))
+    given = {k: None if isinstance(v, ConfigDefault) else v for k, v in ns.items()}
+    return given.pop("config"), given
+
+
+def build_parser(json_errors: bool = False) -> Parser:
     from workers.config import read_toml
     from yolo.helpformat import DefaultsHelpFormatter
-    argv = sys.argv[1:] if argv is None else argv
     try:
         defaults = read_toml(DEFAULT_CONFIG)
     except ValueError:
         defaults = {}  # a broken default file is reported by main(), with its name
     p = Parser(description=__doc__, formatter_class=DefaultsHelpFormatter)
-    p.json_errors = "--json" in argv
+    p.json_errors = json_errors
     p.add_argument("--config", default=DEFAULT_CONFIG, help="TOML file with the defaults (default: config.toml)")
 
     def add(*flags, shown=None, **kw):
@@ -154,17 +160,16 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
         help="tune worker counts, inference threads and batch size in short trials, then print the best")
     add("--sweep-budget-s", type=float, help="wall-clock budget of --sweep in seconds (default 300)")
     add("--save-config", help="with --sweep: write the best settings to this file, for --config")
-    ns = vars(p.parse_args(argv))
-    given = {k: None if isinstance(v, ConfigDefault) else v for k, v in ns.items()}
-    return given.pop("config"), given
+    return p
 
 
 def flag_named(message: str, flags: dict) -> str:
     """Errors name the setting ("config imgsz: ..."); when its value came from a flag, name the
     flag the user typed instead ("--imgsz: ...")."""
+    from workers.config import flag_of
     key, sep, rest = message.removeprefix("config ").partition(":")
     if message.startswith("config ") and sep and flags.get(key) is not None:
-        return f"--{key.replace('_', '-')}:{rest}"
+        return f"{flag_of(key, flags[key])}:{rest}"
     return message
 
 

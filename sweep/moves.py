@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from analysis.machine import Machine
+from workers.config import flag_of
 from topology.stages import ROLE_NAMES, ROLES
 
 if TYPE_CHECKING:  # the trial's analysis; sweep.search imports this module
@@ -20,8 +21,6 @@ MAX_BATCH_CUDA = 64
 MAX_INFER_WORKERS_PER_GPU = 4
 
 SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size", "half")
-FLAGS = {"pre_workers": "--pre-workers", "infer_workers": "--infer-workers", "post_workers": "--post-workers",
-         "infer_threads": "--infer-threads", "batch_size": "--batch-size", "half": "--half"}
 SHORT_NAMES = {"pre_workers": "pre", "infer_workers": "infer", "post_workers": "post", "infer_threads": "threads",
                "batch_size": "batch", "half": "half"}
 
@@ -46,8 +45,8 @@ class Settings:
         return dataclasses.asdict(self)
 
     def flags(self) -> list[str]:
-        return [token for name in SWEPT if name != "half" for token in (FLAGS[name], str(getattr(self, name)))] \
-            + (["--half"] if self.half else [])
+        return [token for name in SWEPT if name != "half" for token in (flag_of(name), str(getattr(self, name)))] \
+            + ([flag_of("half")] if self.half else [])
 
     def label(self) -> str:
         """"2/2x1/2 b1": pre / infer workers x threads / post, batch size; " half" with --half."""

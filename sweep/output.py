@@ -9,17 +9,13 @@ import shlex
 
 from analysis.report import json_safe
 from topology.stages import ROLE_NAMES
+from workers.config import SWITCHES_OFF, flag_of
 from sweep.search import SWEPT, SweepResult, Trial, mean_fps
 
 TRIAL_COLUMNS = ("trial", "purpose", *SWEPT, "fps", "latency_p50_ms", "latency_p95_ms", "cpu_ms_per_frame",
                  "cpu_saturation", "bound_fps", "bound_kind", "bottleneck", "limit", "stable", "cost_s", "verdict",
                  "reason", "exit_code", "error", "run_dir")
 # Flags whose value is the opposite of their name (store_const False in runner.py's parser).
-NEGATED_FLAGS = {("rect", False): "--square", ("fuse", False): "--no-fuse",
-                 ("channels_last", False): "--no-channels-last", ("inplace", False): "--out-of-place",
-                 ("progress", False): "--no-progress"}
-
-
 def trial_row(trial: Trial) -> dict:
     m = trial.measurement
     return {"trial": trial.index, "purpose": trial.purpose, **trial.settings.as_dict(), "fps": m.fps,
@@ -42,9 +38,9 @@ def sweep_csv(result: SweepResult) -> str:
 
 def flag_tokens(key: str, value) -> list[str]:
     """The runner's flag for a configuration value: ``--batch-size 4``, ``--square``, ``--classes 0 2``."""
-    if isinstance(value, bool) and (key, value) in NEGATED_FLAGS:
-        return [NEGATED_FLAGS[key, value]]
-    flag = "--" + key.replace("_", "-")
+    if value is False and key in SWITCHES_OFF:
+        return [flag_of(key, value)]
+    flag = flag_of(key)
     if value is True:
         return [flag]
     if value is False:

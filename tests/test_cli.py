@@ -2,6 +2,7 @@
 --help, run folders named exp, exp2, ..., --exist-ok clearing the old run's outputs, and an error
 object on stdout for --json."""
 
+import dataclasses
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import pytest
 
 import runner
 from supervisor.prepare import RUN_OUTPUT_DIRS, clear_run_outputs, device_specs, free_run_name
-from workers.config import ConfigError, RunConfig
+from workers.config import ConfigError, RunConfig, flag_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,3 +105,19 @@ def test_the_plan_is_said_before_the_checks_that_take_seconds(caplog):
     assert runner.main(["--source", "/no/such/dir", "--batch-size", "2", "--no-progress"]) == 2
     said = caplog.text.index("run: /no/such/dir on cpu with a random-weight yolov5n, batch 2; checking the weights")
     assert said < caplog.text.index("error: --source")
+
+
+def test_every_setting_flag_the_runner_takes_is_the_one_its_messages_and_the_sweep_name():
+    """flag_of (used by usage errors, the sweep's command line and its moves) names, for every
+    setting the parser sets, one of the flags that set it to that value."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    checked = 0
+    for action in runner.build_parser()._actions:
+        if action.dest not in fields or not action.option_strings:
+            continue
+        value = action.const if action.const is not None else True
+        assert flag_of(action.dest, value) in action.option_strings or \
+            any(flag_of(action.dest, value) in other.option_strings for other in runner.build_parser()._actions
+                if other.dest == action.dest), (action.dest, value, action.option_strings)
+        checked += 1
+    assert checked > 30

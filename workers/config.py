@@ -34,6 +34,18 @@ MAX_LINE_THICKNESS = 100
 MAX_FRAMES = 100_000_000  # the collector keeps a byte per frame id; use --duration for longer runs
 
 
+# The runner's flag for a setting is ``--`` and its name with dashes; these switches turn one off.
+SWITCHES_OFF = {"rect": "--square", "fuse": "--no-fuse", "channels_last": "--no-channels-last",
+                "inplace": "--out-of-place", "progress": "--no-progress"}
+
+
+def flag_of(field_name: str, value: Any = True) -> str:
+    """The runner's flag that sets ``field_name`` to ``value``: ``--batch-size``, ``--square`` (rect off)."""
+    if value is False and field_name in SWITCHES_OFF:
+        return SWITCHES_OFF[field_name]
+    return "--" + field_name.replace("_", "-")
+
+
 class ConfigError(ValueError):
     """A bad configuration key or value; the message names it."""
 
