@@ -52,7 +52,8 @@ def load_backend(cfg, device: torch.device, precision: str, threads: int):
     if cfg.backend == "openvino":
         from yolo.openvino_model import OpenVinoModel
         model = OpenVinoModel(cfg.weights or None, preset=cfg.preset, precision=precision, threads=threads,
-                              fuse=cfg.fuse, timing=cfg.module_timing, keep_span_forwards=cfg.trace_module_forwards)
+                              fuse=cfg.fuse, timing=cfg.module_timing, keep_span_forwards=cfg.trace_module_forwards,
+                              pin_threads=False)  # several inference processes share the cores
         return model, model.timing
     model = load_model(cfg.weights or None, preset=cfg.preset, device=device, precision=precision, fuse=cfg.fuse,
                        inplace=cfg.inplace, channels_last=cfg.channels_last)

@@ -38,6 +38,10 @@ OPENVINO_PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
 MAX_COMPILED_SHAPES = 16
 MODULE_PATH = re.compile(r"__module\.([\w.]+?)(?:/|$)")
 CONVERSION_SHAPE = (1, 3, 640, 640)
+PIN_THREADS_NOTE = """OpenVINO pins its threads to cores by default, each process on its own: two
+one-thread processes then share one core while the other idles (measured on 2 vCPUs: each
+process got half a core, 21 fps together against 44 fps unpinned). A process that shares the
+cores with others (the pipeline's inference workers) passes ``pin_threads=False``."""
 
 
 class OpenVinoError(RuntimeError):
@@ -173,7 +177,7 @@ class OpenVinoModel:
 
     def __init__(self, weights: str | None, *, preset: str = "yolov5n", precision: Precision = "fp32",
                  threads: int | None = None, fuse: bool = True, timing: str = "none",
-                 keep_span_forwards: int = 0):
+                 keep_span_forwards: int = 0, pin_threads: bool = True):
         if precision not in OPENVINO_PRECISION_HINTS:
             raise OpenVinoError(f"backend openvino: expected precision fp32 or bf16, got {precision!r}")
         ov = import_openvino()
@@ -187,6 +191,8 @@ class OpenVinoModel:
                                        "PERF_COUNT": timing != "none"}
         if threads:
             self.config["INFERENCE_NUM_THREADS"] = threads
+        if not pin_threads:  # see PIN_THREADS_NOTE
+            self.config["ENABLE_CPU_PINNING"] = False
         self.timing = self._timing(timing, keep_span_forwards)
         self.requests: dict[tuple, Any] = {}
 
