@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # benchmarks/ (this script's folder) is on sys.path: its modules import as top-level names
 from interleave import rotated  # noqa: E402
-from pipeline_plan import RATIOS, REPO, Contender, Settings, contenders, parse_args  # noqa: E402
+from pipeline_plan import EFFICIENCY_GOAL, GOALS, MATRIX_RATIOS, RATIOS, REPO, Contender, Settings, contenders, parse_args  # noqa: E402
 from pipeline_print import fmt, machine, print_results, short_reason  # noqa: E402
 
 MIN_SHORT_FRAMES = 16  # the short run must get past the first, cold frames of every process
@@ -148,7 +148,7 @@ def pipeline_figures(path: str) -> dict:
     return {"processed": summary["processed"], "fps": summary["fps"], "startup_s": report["environment"]["startup_s"],
             "peak_pss_total_bytes": summary["peak_pss_total_bytes"],
             "peak_pss_bytes": {name: p["peak_pss_bytes"] for name, p in report["resources"]["processes"].items()},
-            "bound_fps": summary["bound_fps"], "bottleneck": summary["bottleneck"],
+            "bound_fps": summary["bound_fps"], "efficiency": summary["efficiency"], "bottleneck": summary["bottleneck"],
             "images_saved": summary["images_saved"]}
 
 
@@ -233,15 +233,23 @@ def pipeline_result(m: Measured) -> dict:
     worst = max(longs, key=lambda r: r["peak_pss_total_bytes"] or 0)
     return {"startup_s": median(r["startup_s"] for r in reports),
             "peak_pss_total_bytes": worst["peak_pss_total_bytes"], "peak_pss_bytes": worst["peak_pss_bytes"],
-            "report": {k: median(r[k] for r in longs) for k in ("fps", "bound_fps")} | {
-                "bottleneck": longs[-1]["bottleneck"], "images_saved_last_long_run": longs[-1]["images_saved"]}}
+            "report": {k: median(r[k] for r in longs) for k in ("fps", "bound_fps", "efficiency")} | {
+                "bottleneck": longs[-1]["bottleneck"], "images_saved_last_long_run": longs[-1]["images_saved"],
+                "steady_efficiency": steady_efficiency(m), "efficiency_goal": EFFICIENCY_GOAL}}
+
+
+def steady_efficiency(m: Measured) -> float | None:
+    """This benchmark's steady-state fps over the bound the long run's report computed, median
+    over rounds: the report's own efficiency counts its window, start-up's tail included."""
+    return median(fps / runs["long"].report["bound_fps"] for runs in m.rounds
+                  if (fps := round_fps(runs)) and runs["long"].report["bound_fps"])
 
 
 def ratios(measured: list[Measured], unavailable: dict[str, str], s: Settings) -> dict:
     """Medians of per-round ratios; a ratio with an unavailable side says why."""
     per_round = {m.contender.key: [round_fps(runs) for runs in m.rounds] for m in measured}
     result = {}
-    for key, top, bottom, target in RATIOS:
+    for key, top, bottom, target in RATIOS + MATRIX_RATIOS:
         if any(k not in per_round and k not in unavailable for k in (top, bottom)):
             continue  # a contender this run does not have
         entry: dict = {"numerator": top, "denominator": bottom}
@@ -257,6 +265,8 @@ def ratios(measured: list[Measured], unavailable: dict[str, str], s: Settings) -
             pairs = [a / b for a, b in zip(per_round[top], per_round[bottom]) if a and b]
             entry.update(value=statistics.median(pairs) if pairs else None,
                          reason=None if pairs else "no round where both gave a steady-state fps")
+        if key in GOALS:
+            entry.update(goal=GOALS[key], meets_goal=None if entry["value"] is None else entry["value"] >= GOALS[key])
         result[key] = entry
     return result
 

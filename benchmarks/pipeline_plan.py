@@ -15,6 +15,7 @@ FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")
 PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png")
 DEFAULTS = {"frames": 144, "rounds": 5, "span_s": 10.0}
 QUICK = {"frames": 8, "rounds": 1, "span_s": 1.5}
+MATRIX = "both"  # --backend both: python -m yolo and the pipeline on each backend, fp32 and --half
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--batch-size", type=int, default=1, help="the pipeline's and the bare loop's batch")
     p.add_argument("--pipeline-args", default="", help="extra runner.py flags, e.g. '--workers 2'")
-    p.add_argument("--backend", choices=("torch", "openvino"), default="torch",
-                   help="the backend of the pipeline and python -m yolo contenders; with openvino, python -m yolo "
+    p.add_argument("--backend", choices=("torch", "openvino", MATRIX), default="torch",
+                   help=f"the backend of the pipeline and python -m yolo contenders; {MATRIX}: both of them on torch "
+                        "and on openvino, fp32 and --half, with the issue's goals; with openvino, python -m yolo "
                         "on torch fp32 runs beside them as the baseline")
     p.add_argument("--out", help="write every figure to this JSON file")
     p.add_argument("--quick", action="store_true",
@@ -122,6 +124,8 @@ def contenders(s: Settings, frames_dir: str) -> list[Contender]:
     pipeline = (*runner, "--weights", s.weights, "--save-images", "all" if s.save_images else "none",
                 *s.pipeline_args)
     half = "fp16" if s.device.startswith("cuda") else "bf16"
+    if s.backend == MATRIX:
+        return matrix_contenders(yolo, pipeline, half)
     if s.backend != "torch":
         return backend_contenders(s, yolo, pipeline, half)
     return [
@@ -154,6 +158,19 @@ def backend_contenders(s: Settings, yolo: tuple, pipeline: tuple, half: str) -> 
     ]
 
 
+def matrix_contenders(yolo: tuple, pipeline: tuple, half: str) -> list[Contender]:
+    """python -m yolo and the pipeline, each on torch and on OpenVINO, fp32 and --half: the
+    matrix the backend goals (GOALS) are quoted from."""
+    matrix = []
+    for kind, argv, name in (("yolo", yolo, "python -m yolo"), ("pipeline", pipeline, "pipeline")):
+        for backend in ("torch", "openvino"):
+            flag = ("--backend", backend)
+            matrix += [Contender(f"{kind}_{backend}_fp32", f"{name} {backend} fp32", kind, (*argv, *flag)),
+                       Contender(f"{kind}_{backend}_half", f"{name} {backend} --half ({half})", kind,
+                                 (*argv, *flag, "--half"), half=True)]
+    return matrix
+
+
 RATIOS = (  # key, numerator, denominator, the setting the issue's target is quoted at (None: any)
     ("pipeline_fp32/yolo_torch_fp32", "pipeline_fp32", "yolo_torch_fp32", None),
     ("pipeline_half/yolo_torch_fp32", "pipeline_half", "yolo_torch_fp32", None),
@@ -165,3 +182,18 @@ RATIOS = (  # key, numerator, denominator, the setting the issue's target is quo
     ("pipeline_half/bare_half", "pipeline_half", "bare_half", None),
 )
 
+MATRIX_RATIOS = (  # as RATIOS, for --backend both
+    ("pipeline_openvino_fp32/yolo_torch_fp32", "pipeline_openvino_fp32", "yolo_torch_fp32", None),
+    ("pipeline_openvino_half/yolo_torch_fp32", "pipeline_openvino_half", "yolo_torch_fp32", None),
+    ("pipeline_openvino_fp32/yolo_openvino_fp32", "pipeline_openvino_fp32", "yolo_openvino_fp32", None),
+    ("pipeline_openvino_half/yolo_openvino_half", "pipeline_openvino_half", "yolo_openvino_half", None),
+    ("pipeline_torch_fp32/yolo_torch_fp32", "pipeline_torch_fp32", "yolo_torch_fp32", None),
+    ("pipeline_torch_half/yolo_torch_half", "pipeline_torch_half", "yolo_torch_half", None),
+    ("pipeline_openvino_fp32/pipeline_torch_fp32", "pipeline_openvino_fp32", "pipeline_torch_fp32", None),
+)
+GOALS = {  # the least each ratio should reach (issue 19): OpenVINO's pipeline against the sequential detector
+    "pipeline_openvino_fp32/yolo_torch_fp32": 1.5,
+    "pipeline_openvino_fp32/yolo_openvino_fp32": 1.1,
+    "pipeline_openvino_half/yolo_openvino_half": 1.1,
+}
+EFFICIENCY_GOAL = 0.95  # the pipeline's fps / the bound its own report computes

@@ -10,6 +10,7 @@ from yolo.precision import has_native_bf16, read_cpu_flags  # torch-free
 
 MIB = 1024 * 1024
 BUSY_LOAD_AVERAGE = 0.5  # before the first run: above it, other work shares the cores
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")  # what the forwards use
 
 
 def cpu_model() -> str:
@@ -22,8 +23,16 @@ def cpu_model() -> str:
 
 
 def machine() -> dict:
-    return {"cores": usable_cores(), "cpu": cpu_model(), "native_bf16": has_native_bf16(read_cpu_flags()),
+    flags = read_cpu_flags()
+    return {"cores": usable_cores(), "cpu": cpu_model(), "native_bf16": has_native_bf16(flags),
+            "cpu_flags": [f for f in SIMD_FLAGS if flags and f in flags],
             "python": platform.python_version(), "platform": platform.platform()}
+
+
+def cpu_flags(machine_figures: dict) -> str:
+    """", flags avx2 avx512f ...": the SIMD flags the forwards can use; "" in older results without them."""
+    flags = machine_figures.get("cpu_flags")
+    return f", flags {' '.join(flags) if flags else 'none of ' + ' '.join(SIMD_FLAGS)}" if flags is not None else ""
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -43,7 +52,8 @@ def print_results(result: dict) -> None:
     s, cs = result["settings"], result["contenders"]
     print(f"\n{s['frames']}-file frame set of {', '.join(os.path.basename(p) for p in s['photos'])}; "
           f"{s['imgsz']} {s['shape']}, images {'saved' if s['save_images'] else 'not saved'}; {s['device']}, batch "
-          f"{s['batch_size']}; {result['machine']['cores']} cores ({result['machine']['cpu']}); {s['rounds']} rounds; "
+          f"{s['batch_size']}; {result['machine']['cores']} cores ({result['machine']['cpu']}{cpu_flags(result['machine'])}); "
+          f"{s['rounds']} rounds; "
           f"load average {result['load_average']['start'][0]:.2f} at the start, {result['load_average']['end'][0]:.2f} "
           f"at the end")
     if result["load_average"]["start"][0] > BUSY_LOAD_AVERAGE:
@@ -67,6 +77,9 @@ def print_results(result: dict) -> None:
             print(f"\n{c['label']}: start-up {fmt(c['startup_s'])} s (environment.startup_s, median of its runs); "
                   f"its report (long runs): {fmt(own['fps'])} fps over its window, bound {fmt(own['bound_fps'])} fps, "
                   f"busiest stage {own['bottleneck']}")
+            if "steady_efficiency" in own:
+                print(f"  efficiency: {fmt(own['efficiency'])} by its report, {fmt(own['steady_efficiency'])} as this "
+                      f"benchmark's fps / its report's bound (goal >= {own['efficiency_goal']:.2f})")
             print(f"  peak PSS of the sum {mib(c['peak_pss_total_bytes'])} MiB; per process, MiB: "
                   + ", ".join(f"{name} {mib(b)}" for b, name in sizes))
     print("\nratios (median over rounds of the per-round ratio):")
@@ -77,5 +90,7 @@ def print_results(result: dict) -> None:
         missing = [k for k in (r["numerator"], r["denominator"]) if not cs[k]["available"]]
         value = (fmt(r["value"], 3) if r["value"] is not None else
                  f"unavailable: {', '.join(missing)} refused" if missing else f"unavailable: {r['reason']}")
+        if "goal" in r:
+            where += f"  [goal >= {r['goal']:g}: {'-' if r['meets_goal'] is None else 'met' if r['meets_goal'] else 'missed'}]"
         print(f"  {key:26s} {value}{where}")
 
