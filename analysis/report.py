@@ -109,7 +109,8 @@ def machine_of(run: RunData) -> dict:
     device = str(run.config.get("device") or "cpu")
     return {"cores": run.machine.get("cores") or run.environment.get("cpu_cores"),
             "device_type": run.machine.get("device_type") or ("cuda" if device.startswith("cuda") else "cpu"),
-            "bf16": bool(run.machine.get("bf16", False))}
+            "bf16": bool(run.machine.get("bf16", False)),
+            "forward_probe": run.machine.get("forward_probe")}  # torch's forward beside OpenVINO's, or None
 
 
 def build_report(run: RunData) -> dict:

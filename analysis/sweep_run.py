@@ -11,6 +11,7 @@ trials' length (default ``DEFAULT_TRIAL_S``) and ``--frames`` is not used by the
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from analysis.sweep_output import best_lines, command_line, sweep_csv, sweep_sum
 from analysis.sweep_plot import sweep_png
 from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
 from workers.config import RunConfig, build_config, config_toml, read_toml
+from yolo.presets import MODEL_FREE
 
 log = logging.getLogger("runner")
 
@@ -103,9 +105,14 @@ class LiveTrials:
                                    json=False)
 
     def __call__(self, settings: Settings, index: int) -> Measurement:
-        from supervisor.prepare import plan_source, resolve
+        from supervisor.prepare import plan_source, prepare_backend, resolve
         from supervisor.run import UsageError, run_pipeline
+        from workers.config import ConfigError
         cfg, machine, names = resolve(self.config(settings, index))
+        try:
+            prepare_backend(cfg)  # the first OpenVINO trial converts the model (cached for the others)
+        except ConfigError as exc:
+            return Measurement(fps=None, exit_code=2, error=str(exc))
         try:
             outcome = run_pipeline(cfg, machine, names, plan_source(cfg, self.download_dir), show_progress=False)
         except UsageError as exc:
@@ -127,6 +134,12 @@ def log_trial(trial: Trial) -> None:
              m.fps, m.latency_p50_ms or 0.0, neck, "stable" if m.stable else "not stable", trial.verdict)
 
 
+def openvino_can_run(cfg: RunConfig) -> bool:
+    """Whether a trial may move to --backend openvino: the package is installed and the run has a
+    model to convert (the sweep's Machine adds: on the CPU)."""
+    return importlib.util.find_spec("openvino") is not None and (cfg.preset != MODEL_FREE or bool(cfg.weights))
+
+
 def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequest,
               started_s: float | None = None, download_dir: str = "") -> int:
     """Run the sweep, write its files, print the table (or the JSON summary); the exit code.
@@ -136,8 +149,8 @@ def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequ
     log.info("sweep %s: %g s budget, %g s trials, from %s", sweep_dir, request.budget_s, request.trial_s,
              Settings.of(resolved).label())
     trials = LiveTrials(given, sweep_dir, request.trial_s, download_dir)
-    sweep = Sweep(trials, Machine(machine.cores, gpus, bf16=machine.bf16), request.budget_s, request.trial_s,
-                  on_trial=log_trial, started_s=started_s)
+    sweep = Sweep(trials, Machine(machine.cores, gpus, bf16=machine.bf16, openvino=openvino_can_run(resolved)),
+                  request.budget_s, request.trial_s, on_trial=log_trial, started_s=started_s)
     result = sweep.run(Settings.of(resolved))
     command, config_saved, failed = None, None, {}
     if result.best is not None:

@@ -43,6 +43,7 @@ class Machine:
     cores: int
     device_type: str  # "cpu" | "cuda"
     bf16: bool  # the CPU has native bfloat16 (avx512_bf16 or amx_bf16)
+    forward_probe: dict | None = None  # supervisor.forward_probe's measurement, for the backend lever
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -92,14 +92,10 @@ def converted_model_path(weights: str | None, *, preset: str = "yolov5n", fuse: 
     partial or corrupt entry is converted again; the entry is written to temporary names and
     renamed, its digest last, so a crash mid-save leaves nothing that is trusted."""
     ov = import_openvino()
-    folder = (root or cache_dir()) / "openvino" / cache_key(weights, preset, fuse, ov.__version__)
+    folder = _cache_folder(weights, preset, fuse, root)
     xml, weights_bin, manifest = folder / "model.xml", folder / "model.bin", folder / "sha256"
-    try:
-        if manifest.read_text().strip() == _files_digest(xml, weights_bin):
-            return xml, False
-        log.warning("OpenVINO cache entry %s does not match its digest: converting again", folder)
-    except OSError:
-        pass  # not there (yet): convert
+    if cached_model_path(weights, preset=preset, fuse=fuse, root=root, warn=True):
+        return xml, False
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     ov_model = convert(load_model(weights or None, preset=preset, fuse=fuse, inplace=False, channels_last=False))
@@ -112,6 +108,27 @@ def converted_model_path(weights: str | None, *, preset: str = "yolov5n", fuse: 
     os.replace(tmp_manifest, manifest)
     log.info("converted the model for OpenVINO in %.1f s (cached in %s)", time.perf_counter() - t0, folder)
     return xml, True
+
+
+def _cache_folder(weights: str | None, preset: str, fuse: bool, root: Path | None) -> Path:
+    version = import_openvino().__version__
+    return (root or cache_dir()) / "openvino" / cache_key(weights, preset, fuse, version)
+
+
+def cached_model_path(weights: str | None, *, preset: str = "yolov5n", fuse: bool = True, root: Path | None = None,
+                      warn: bool = False) -> Path | None:
+    """The cached OpenVINO IR .xml of this model when a complete entry matches its digest; None
+    otherwise (nothing is converted here). ``warn``: log an entry that does not match."""
+    folder = _cache_folder(weights, preset, fuse, root)
+    xml, weights_bin, manifest = folder / "model.xml", folder / "model.bin", folder / "sha256"
+    try:
+        if manifest.read_text().strip() == _files_digest(xml, weights_bin):
+            return xml
+    except OSError:
+        return None  # not there (yet)
+    if warn:
+        log.warning("OpenVINO cache entry %s does not match its digest: converting again", folder)
+    return None
 
 
 def convert(model: torch.nn.Module):
