@@ -135,9 +135,18 @@ def log_trial(trial: Trial) -> None:
 
 
 def openvino_can_run(cfg: RunConfig) -> bool:
-    """Whether a trial may move to --backend openvino: the package is installed and the run has a
-    model to convert (the sweep's Machine adds: on the CPU)."""
-    return importlib.util.find_spec("openvino") is not None and (cfg.preset != MODEL_FREE or bool(cfg.weights))
+    """Whether a trial may move to --backend openvino (the sweep's Machine adds: on the CPU): the
+    package is installed and the model's conversion is already cached. Converting takes tens of
+    seconds, which one trial would spend out of the budget; one run with --backend openvino
+    converts it for every later sweep."""
+    if importlib.util.find_spec("openvino") is None or (cfg.preset == MODEL_FREE and not cfg.weights):
+        return False
+    from yolo.openvino_model import cached_model_path
+    if cached_model_path(cfg.weights or None, preset=cfg.preset, fuse=cfg.fuse) is None:
+        log.info("sweep: --backend openvino is not tried: its converted model is not cached yet (one run with "
+                 "--backend openvino converts it)")
+        return False
+    return True
 
 
 def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequest,
