@@ -41,6 +41,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -287,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(frames_dir, ignore_errors=True)
     by_key = {m.contender.key: m for m in measured}
     result = {
+        "command": shlex.join(["python", "benchmarks/bench_pipeline.py", *(sys.argv[1:] if argv is None else argv)]),
         "settings": {**asdict(s), "shape": s.shape},
         "method": "fps = (frames_long - frames_short) / (wall_long - wall_short), wall clock of each whole command, "
                   "median over interleaved rounds; ratios are medians of per-round ratios",
