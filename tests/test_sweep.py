@@ -48,14 +48,12 @@ class FakePipeline:
     post_ms: float = 3.0
     process_ms: float = 0.5
     batch_saving: float = 0.3
-    openvino_ratio: float = 1.0  # inference's ms on --backend openvino / on torch
     clock: FakeClock = field(default_factory=FakeClock)
     trial_cost_s: float = 10.0
     calls: list = field(default_factory=list)
 
     def fps(self, s: Settings) -> tuple[float, dict, float, float]:
         infer_cpu = self.infer_ms * (1 - self.batch_saving * (1 - 1 / s.batch_size))
-        infer_cpu *= self.openvino_ratio if s.backend == "openvino" else 1.0
         capacities = {"pre": 1e3 * s.pre_workers / self.pre_ms,
                       "infer": 1e3 * s.infer_workers * s.infer_threads / infer_cpu,
                       "post": 1e3 * s.post_workers / self.post_ms}
@@ -227,22 +225,6 @@ def test_the_sweep_tries_half_where_the_cpu_computes_bf16_and_says_when_nothing_
     assert any(line.startswith("NONE of the") for line in best_lines(result, None, None))
     no_bf16 = Sweep(pipeline, Machine(cores=2), 600.0, 8.0, clock=pipeline.clock).run(DEFAULTS_2_CORES)
     assert not any(t.settings.half for t in no_bf16.trials)  # never emulated
-
-
-def test_the_sweep_moves_to_openvino_where_it_is_installed_and_inference_runs_on_the_cpu():
-    pipeline = FakePipeline(openvino_ratio=0.7)
-    result = Sweep(pipeline, Machine(cores=2, openvino=True), 600.0, 8.0, clock=pipeline.clock).run(DEFAULTS_2_CORES)
-    assert result.best.backend == "openvino" and result.best.label().endswith(" openvino")
-    first = next(t for t in result.trials if t.settings.backend == "openvino")
-    assert first.reason.startswith("backend torch->openvino: cores saturated: OpenVINO's forward")
-    assert "--backend openvino" in shlex.join(result.best.flags())
-    assert "openvino" in sweep_table(result)
-    not_installed = Sweep(FakePipeline(openvino_ratio=0.7), Machine(cores=2), 600.0, 8.0, clock=FakeClock())
-    assert not any(t.settings.backend != "torch" for t in not_installed.run(DEFAULTS_2_CORES).trials)
-    analysis = Measurement(fps=200.0, bottleneck="infer", limit="stage", cpu_saturation=0.3,
-                           utilisation={"pre": 0.5, "infer": 0.95, "post": 0.2})
-    on_gpu = propose(DEFAULTS_2_CORES, analysis, Machine(cores=16, gpus=1, openvino=True))
-    assert on_gpu and not any(m.settings.backend != "torch" for m in on_gpu)  # OpenVINO runs on the CPU here
 
 
 def test_best_is_never_slower_than_the_defaults_after_the_final_check():
