@@ -221,6 +221,7 @@ def contender_result(m: Measured, s: Settings) -> dict:
               "fps": median(per_round), "fps_min": min(kept, default=None), "fps_max": max(kept, default=None),
               "fps_per_round": per_round, "fixed_s": median(fixed),
               "own_fps": median(runs["long"].own_fps for runs in m.rounds),
+              "own_fps_per_round": [runs["long"].own_fps for runs in m.rounds],
               "wall_s_per_round": [{"short": runs["short"].wall_s, "long": runs["long"].wall_s} for runs in m.rounds]}
     if m.contender.kind == "pipeline":
         result.update(pipeline_result(m))
@@ -249,6 +250,7 @@ def steady_efficiency(m: Measured) -> float | None:
 def ratios(measured: list[Measured], unavailable: dict[str, str], s: Settings) -> dict:
     """Medians of per-round ratios; a ratio with an unavailable side says why."""
     per_round = {m.contender.key: [round_fps(runs) for runs in m.rounds] for m in measured}
+    own_per_round = {m.contender.key: [runs["long"].own_fps for runs in m.rounds] for m in measured}
     result = {}
     for key, top, bottom, target in RATIOS + MATRIX_RATIOS:
         if any(k not in per_round and k not in unavailable for k in (top, bottom)):
@@ -266,6 +268,10 @@ def ratios(measured: list[Measured], unavailable: dict[str, str], s: Settings) -
             pairs = [a / b for a, b in zip(per_round[top], per_round[bottom]) if a and b]
             entry.update(value=statistics.median(pairs) if pairs else None,
                          reason=None if pairs else "no round where both gave a steady-state fps")
+            # the same from each long run's own figure: no difference of two runs, so less noise
+            # where other work comes and goes, but start-up's tail counts in some tools' figures
+            own = [a / b for a, b in zip(own_per_round[top], own_per_round[bottom]) if a and b]
+            entry["own_fps_value"] = statistics.median(own) if own else None
         if key in GOALS:
             entry.update(goal=GOALS[key], meets_goal=None if entry["value"] is None else entry["value"] >= GOALS[key])
         result[key] = entry

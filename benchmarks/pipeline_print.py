@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import platform
 
+from pipeline_plan import MATRIX_RATIOS
 from workers.host import usable_cores
 from yolo.precision import has_native_bf16, read_cpu_flags  # torch-free
 
 MIB = 1024 * 1024
 BUSY_LOAD_AVERAGE = 0.5  # before the first run: above it, other work shares the cores
+MATRIX_KEYS = {key for key, *_ in MATRIX_RATIOS}
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")  # what the forwards use
 
 
@@ -90,6 +92,8 @@ def print_results(result: dict) -> None:
         missing = [k for k in (r["numerator"], r["denominator"]) if not cs[k]["available"]]
         value = (fmt(r["value"], 3) if r["value"] is not None else
                  f"unavailable: {', '.join(missing)} refused" if missing else f"unavailable: {r['reason']}")
+        if key in MATRIX_KEYS and r.get("own_fps_value") is not None:
+            where += f"  (own fps: {r['own_fps_value']:.3f})"
         if "goal" in r:
             where += f"  [goal >= {r['goal']:g}: {'-' if r['meets_goal'] is None else 'met' if r['meets_goal'] else 'missed'}]"
         print(f"  {key:26s} {value}{where}")
