@@ -176,6 +176,7 @@ def flag_named(message: str, flags: dict) -> str:
 def prepare(cfg, download_dir: str):
     """The resolved configuration, machine, class names and frame plan; ConfigError names what is bad.
     A ``--name`` that is taken becomes name2, name3, ... unless ``--exist-ok``, as in detect.py."""
+    from supervisor.forward_probe import probe_forwards
     from supervisor.prepare import check_results_dir, free_run_name, plan_source, prepare_backend, resolve
     cfg, machine, names = resolve(cfg)
     check_results_dir(cfg.results)
@@ -186,6 +187,9 @@ def prepare(cfg, download_dir: str):
         cfg = dataclasses.replace(cfg, name=name)
     plan = plan_source(cfg, download_dir)
     prepare_backend(cfg)
+    probe = probe_forwards(cfg, plan)  # the --backend openvino lever's measurement, where it applies
+    if probe is not None:
+        machine = dataclasses.replace(machine, forward_probe=probe.as_dict())
     return cfg, machine, names, plan
 
 

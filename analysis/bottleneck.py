@@ -83,17 +83,21 @@ def cold_forward_note(stages: dict) -> str:
             "a longer run, or fewer frame shapes (--square), spreads or removes that set-up")
 
 
-def save_cost_ms(stages: dict) -> tuple[float, float]:
-    """(wall ms, CPU ms) per postprocessed frame spent drawing and saving images: the draw and
-    save sub-stages over every measured frame, in CPU ms by postprocess's CPU / wall ratio."""
-    post = stages["post"]
-    totals = post.get("substages_total_ms", {})
-    frames = post["ms_per_frame"]["count"] or post["frames"]
+def substage_cost_ms(stage: dict, names: tuple[str, ...]) -> tuple[float, float]:
+    """(wall ms, CPU ms) per frame of ``stage`` spent in its sub-stages ``names``: their totals
+    over every measured frame, in CPU ms by the stage's CPU / wall ratio."""
+    totals = stage.get("substages_total_ms", {})
+    frames = stage["ms_per_frame"]["count"] or stage["frames"]
     if not frames:
         return 0.0, 0.0
-    wall = (totals.get("draw", 0.0) + totals.get("save", 0.0)) / frames
-    cpu_per_wall = ratio(post["cpu_ms_per_frame"]["mean"], post["ms_per_frame"]["mean"]) or 1.0
+    wall = sum(totals.get(name, 0.0) for name in names) / frames
+    cpu_per_wall = ratio(stage["cpu_ms_per_frame"]["mean"], stage["ms_per_frame"]["mean"]) or 1.0
     return wall, wall * min(cpu_per_wall, 1.0)
+
+
+def save_cost_ms(stages: dict) -> tuple[float, float]:
+    """(wall ms, CPU ms) per postprocessed frame spent drawing and saving images."""
+    return substage_cost_ms(stages["post"], ("draw", "save"))
 
 
 class Levers:
@@ -146,6 +150,31 @@ class Levers:
                          "pixels (small objects are found less well)"),
                 "bound_fps_after": after["bound_fps"]}
 
+    def other_backend(self, probe: dict | None) -> dict | None:
+        """--backend openvino on a torch CPU run, estimated from the forwards timed side by side
+        before the run (``supervisor.forward_probe``): inference's forward time scaled by their
+        ratio, the rest of its work as measured. Not offered without a probe; unmeasured (no
+        estimate) when the probe says why it could not time them."""
+        if not probe:
+            return None
+        flag = f"--backend {probe['backend']}"
+        if not probe["measured"]:
+            return {"flag": flag, "text": f"{flag} (its gain is unmeasured: {probe['why']})", "bound_fps_after": None}
+        faster = ratio(probe["backend_ms"], probe["torch_ms"])
+        forward_wall, forward_cpu = substage_cost_ms(self.stages["infer"], ("forward",))
+        if not faster or faster >= 1.0 or not forward_wall or not self.now["bound_fps"]:
+            return None  # no faster, or no forward measured in this run to scale
+        basis = self.stages["infer"]["capacity"]["basis"]
+        saved = 1.0 - faster
+        after = self.bound_after("infer", (forward_cpu if basis == "cpu" else forward_wall) * saved,
+                                 forward_cpu * saved)
+        return {"flag": flag, "bound_fps_after": after["bound_fps"],
+                "text": (f"{flag}: estimated {after['bound_fps']:.1f} fps (bound now {self.now['bound_fps']:.1f}): "
+                         f"its forward took {probe['backend_ms']:.1f} ms against torch's {probe['torch_ms']:.1f} ms "
+                         f"({faster:.2f}x), timed side by side before the run at "
+                         f"{'x'.join(map(str, probe['shape']))}, {probe['threads']} thread(s), {probe['precision']}; "
+                         f"inference's forward here takes {forward_cpu:.0f} of {self.cpu_ms:.0f} CPU-ms per frame")}
+
     def more_workers(self, role: str) -> dict | None:
         """One more worker for ``role``; None when the bound would not move (another limit is lower)."""
         count = self.stages[role]["workers"]
@@ -189,6 +218,13 @@ def precision_lever(device_type: str, machine: dict, stages: dict, config: dict)
         return {"flag": "--half", "text": "--half (bf16: this CPU computes bf16 natively; gain not estimated)",
                 "bound_fps_after": None}
     return None
+
+
+def backend_probe(device_type: str, machine: dict, config: dict) -> dict | None:
+    """The forward probe recorded for this run where the backend lever fits: torch on the CPU."""
+    if device_type != "cpu" or (config.get("backend") or "torch") != "torch":
+        return None
+    return machine.get("forward_probe")
 
 
 def batch_lever(device_type: str, config: dict) -> dict | None:
@@ -256,12 +292,14 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
                     + ", ".join(f"{ROLE_NAMES.get(r, r)} {100 * s:.0f} %" for r, s in
                                 sorted(shares.items(), key=lambda item: -item[1])))
         candidates = [levers.save_images(config.get("save_images", "all")), levers.smaller_imgsz(config.get("imgsz")),
+                      levers.other_backend(backend_probe(device_type, machine, config)),
                       precision_lever(device_type, machine, stages, config), batch_lever(device_type, config)]
     elif stages[role]["utilisation"] >= STAGE_BUSY:
         limit = "stage"
         candidates = []
         if role == "infer":
-            candidates += [precision_lever(device_type, machine, stages, config),
+            candidates += [levers.other_backend(backend_probe(device_type, machine, config)),
+                           precision_lever(device_type, machine, stages, config),
                            batch_lever(device_type, config) if device_type == "cuda" else None]
         if role == "post":
             candidates.append(levers.save_images(config.get("save_images", "all")))

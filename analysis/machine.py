@@ -13,6 +13,8 @@ class Machine:
     device_type: str = "cpu"  # where inference runs: "cpu" | "cuda"
     bf16: bool = False  # the CPU computes bfloat16 natively (avx512_bf16 or amx_bf16)
     gpus: int = 0  # the GPUs inference runs on (0 on a CPU run)
+    openvino: bool = False  # the OpenVINO backend can run here (installed; inference on the CPU)
+    forward_probe: dict | None = None  # supervisor.forward_probe's measurement, for the backend lever
 
     @property
     def on_cuda(self) -> bool:
@@ -28,4 +30,5 @@ class Machine:
         device_type = machine.get("device_type") or ("cuda" if device.startswith("cuda") else "cpu")
         gpus = machine.get("gpus", len(device.split(",")) if device_type == "cuda" else 0)
         return cls(cores=machine.get("cores") or cores or 1, device_type=device_type,
-                   bf16=bool(machine.get("bf16", False)), gpus=gpus)
+                   bf16=bool(machine.get("bf16", False)), gpus=gpus, openvino=bool(machine.get("openvino", False)),
+                   forward_probe=machine.get("forward_probe"))

@@ -41,6 +41,10 @@ OPENVINO_PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
 MAX_COMPILED_SHAPES = 16
 MODULE_PATH = re.compile(r"__module\.([\w.]+?)(?:/|$)")
 CONVERSION_SHAPE = (1, 3, 640, 640)
+PIN_THREADS_NOTE = """OpenVINO pins its threads to cores by default, each process on its own: two
+one-thread processes then share one core while the other idles (measured on 2 vCPUs: each
+process got half a core, 21 fps together against 44 fps unpinned). A process that shares the
+cores with others (the pipeline's inference workers) passes ``pin_threads=False``."""
 
 
 class OpenVinoError(RuntimeError):
@@ -91,14 +95,10 @@ def converted_model_path(weights: str | None, *, preset: str = "yolov5n", fuse: 
     partial or corrupt entry is converted again; the entry is written to temporary names and
     renamed, its digest last, so a crash mid-save leaves nothing that is trusted."""
     ov = import_openvino()
-    folder = (root or cache_dir()) / "openvino" / cache_key(weights, preset, fuse, ov.__version__)
+    folder = _cache_folder(weights, preset, fuse, root)
     xml, weights_bin, manifest = folder / "model.xml", folder / "model.bin", folder / "sha256"
-    try:
-        if manifest.read_text().strip() == _files_digest(xml, weights_bin):
-            return xml, False
-        log.warning("OpenVINO cache entry %s does not match its digest: converting again", folder)
-    except OSError:
-        pass  # not there (yet): convert
+    if cached_model_path(weights, preset=preset, fuse=fuse, root=root, warn=True):
+        return xml, False
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     ov_model = convert(load_model(weights or None, preset=preset, fuse=fuse, inplace=False, channels_last=False))
@@ -111,6 +111,27 @@ def converted_model_path(weights: str | None, *, preset: str = "yolov5n", fuse: 
     os.replace(tmp_manifest, manifest)
     log.info("converted the model for OpenVINO in %.1f s (cached in %s)", time.perf_counter() - t0, folder)
     return xml, True
+
+
+def _cache_folder(weights: str | None, preset: str, fuse: bool, root: Path | None) -> Path:
+    version = import_openvino().__version__
+    return (root or cache_dir()) / "openvino" / cache_key(weights, preset, fuse, version)
+
+
+def cached_model_path(weights: str | None, *, preset: str = "yolov5n", fuse: bool = True, root: Path | None = None,
+                      warn: bool = False) -> Path | None:
+    """The cached OpenVINO IR .xml of this model when a complete entry matches its digest; None
+    otherwise (nothing is converted here). ``warn``: log an entry that does not match."""
+    folder = _cache_folder(weights, preset, fuse, root)
+    xml, weights_bin, manifest = folder / "model.xml", folder / "model.bin", folder / "sha256"
+    try:
+        if manifest.read_text().strip() == _files_digest(xml, weights_bin):
+            return xml
+    except OSError:
+        return None  # not there (yet)
+    if warn:
+        log.warning("OpenVINO cache entry %s does not match its digest: converting again", folder)
+    return None
 
 
 def convert(model: torch.nn.Module):
@@ -176,7 +197,7 @@ class OpenVinoModel:
 
     def __init__(self, weights: str | None, *, preset: str = "yolov5n", precision: Precision = "fp32",
                  threads: int | None = None, fuse: bool = True, timing: str = "none",
-                 keep_span_forwards: int = 0):
+                 keep_span_forwards: int = 0, pin_threads: bool = True):
         if precision not in OPENVINO_PRECISION_HINTS:
             raise OpenVinoError(f"backend openvino: expected precision fp32 or bf16, got {precision!r}")
         ov = import_openvino()
@@ -190,6 +211,8 @@ class OpenVinoModel:
                                        "PERF_COUNT": timing != "none"}
         if threads:
             self.config["INFERENCE_NUM_THREADS"] = threads
+        if not pin_threads:  # see PIN_THREADS_NOTE
+            self.config["ENABLE_CPU_PINNING"] = False
         self.timing = self._timing(timing, keep_span_forwards)
         self.requests: dict[tuple, Any] = {}
 
@@ -238,7 +261,7 @@ class OpenVinoBackend(Backend):
 def load(options: BackendOptions) -> OpenVinoBackend:
     model = OpenVinoModel(options.weights, preset=options.preset, precision=options.precision,
                           threads=options.threads, fuse=options.fuse, timing=options.module_timing,
-                          keep_span_forwards=options.keep_span_forwards)
+                          keep_span_forwards=options.keep_span_forwards, pin_threads=options.pin_threads)
     return OpenVinoBackend(model, model.timing, options)
 
 

@@ -21,3 +21,4 @@ class BackendOptions:
     module_timing: str = "none"  # none, layers, blocks, leaves
     timing_mode: str = "auto"
     keep_span_forwards: int = 0  # forwards whose per-module spans the trace keeps
+    pin_threads: bool = True  # OpenVINO: pin its threads to cores (off where processes share them)

@@ -20,9 +20,9 @@ MAX_BATCH_CPU = 16
 MAX_BATCH_CUDA = 64
 MAX_INFER_WORKERS_PER_GPU = 4
 
-SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size", "half")
+SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size", "half", "backend")
 SHORT_NAMES = {"pre_workers": "pre", "infer_workers": "infer", "post_workers": "post", "infer_threads": "threads",
-               "batch_size": "batch", "half": "half"}
+               "batch_size": "batch", "half": "half", "backend": "backend"}
 
 
 @dataclass(frozen=True, order=True)
@@ -35,23 +35,26 @@ class Settings:
     infer_threads: int
     batch_size: int
     half: bool = False  # fp16 on CUDA, bf16 on a CPU that computes it natively
+    backend: str = "torch"  # or "openvino" (CPU only)
 
     @classmethod
     def of(cls, cfg) -> Settings:
         """From a resolved RunConfig (automatic counts already filled in)."""
         return cls(**{name: getattr(cfg, name) for name in SWEPT})
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | bool | str]:
         return dataclasses.asdict(self)
 
     def flags(self) -> list[str]:
         return [token for name in SWEPT if name != "half" for token in (flag_of(name), str(getattr(self, name)))] \
-            + ([flag_of("half")] if self.half else [])
+            + ([flag_of("half")] if self.half else [])  # last: a bare switch
 
     def label(self) -> str:
-        """"2/2x1/2 b1": pre / infer workers x threads / post, batch size; " half" with --half."""
+        """"2/2x1/2 b1": pre / infer workers x threads / post, batch size; " openvino" on that
+        backend; " half" with --half."""
         return (f"{self.pre_workers}/{self.infer_workers}x{self.infer_threads}/{self.post_workers} "
-                f"b{self.batch_size}" + (" half" if self.half else ""))
+                f"b{self.batch_size}" + ("" if self.backend == "torch" else f" {self.backend}")
+                + (" half" if self.half else ""))
 
     def change_from(self, other: Settings) -> str:
         """What differs from ``other``: "batch 1->2, pre 2->1", "+half"; "" when nothing does."""
@@ -119,6 +122,14 @@ def _half(s: Settings, machine: Machine, why: str) -> Move | None:
                 f"{why}: {what}, less inference time per frame (detections change slightly)")
 
 
+def _openvino(s: Settings, machine: Machine, why: str) -> Move | None:
+    """--backend openvino where it can run: installed, and inference on the CPU."""
+    if s.backend != "torch" or machine.on_cuda or not machine.openvino:
+        return None
+    return Move(("backend", +1), dataclasses.replace(s, backend="openvino"),
+                f"{why}: OpenVINO's forward, less inference CPU per frame (the model converted once, cached)")
+
+
 def _worker_field(role: str) -> str:
     return f"{role}_workers"
 
@@ -132,6 +143,7 @@ def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move 
         if count > machine.cores:
             moves.append(_shrink(s, _worker_field(role), f"cores saturated and {count} {_stage_name(role)} "
                                                          f"processes/threads on {machine.cores} cores"))
+    moves.append(_openvino(s, machine, "cores saturated"))
     moves.append(_half(s, machine, "cores saturated"))
     moves.append(_grow(s, "batch_size", machine, "cores saturated: fewer forwards and messages per frame"))
     idle = sorted((r for r in ROLES if r != m.bottleneck and _util(m, r) < IDLE_UTILISATION), key=lambda r: _util(m, r))
@@ -155,7 +167,8 @@ def stage_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | No
     if machine.on_cuda:
         return [_grow(s, "batch_size", machine, why + ": fuller GPU forwards"), _half(s, machine, why),
                 _grow(s, "infer_workers", machine, why)]
-    return [_grow(s, "infer_workers", machine, why), _half(s, machine, why), _grow(s, "infer_threads", machine, why),
+    return [_grow(s, "infer_workers", machine, why), _openvino(s, machine, why), _half(s, machine, why),
+            _grow(s, "infer_threads", machine, why),
             _grow(s, "batch_size", machine, why + ": fewer forwards per frame")]
 
 

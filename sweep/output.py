@@ -90,15 +90,16 @@ def _cell(value, spec: str, width: int) -> str:
 
 def sweep_table(result: SweepResult) -> str:
     """One line per trial: settings, fps, latency, CPU per frame, bound, bottleneck, stability, verdict."""
-    header = (f"{'#':>3} {'purpose':<12}{'pre':>4}{'infer':>6}{'thr':>4}{'post':>5}{'batch':>6}{'half':>5}{'fps':>8}"
-              f"{'p50 ms':>8}{'p95 ms':>8}{'CPU ms':>8}{'bound':>7}  {'bottleneck':<20}{'stable':<7}verdict")
+    header = (f"{'#':>3} {'purpose':<12}{'pre':>4}{'infer':>6}{'thr':>4}{'post':>5}{'batch':>6}{'half':>5}"
+              f"{'backend':>9}{'fps':>8}{'p50 ms':>8}{'p95 ms':>8}{'CPU ms':>8}{'bound':>7}  {'bottleneck':<20}{'stable':<7}verdict")
     lines = [header]
     for t in result.trials:
         m, s = t.measurement, t.settings
         neck = f"{ROLE_NAMES.get(m.bottleneck, m.bottleneck)} ({m.limit})" if m.bottleneck else "-"
         best = " *" if t.settings == result.best else ""
         lines.append(f"{t.index:>3} {t.purpose:<12}{s.pre_workers:>4}{s.infer_workers:>6}{s.infer_threads:>4}"
-                     f"{s.post_workers:>5}{s.batch_size:>6}{'yes' if s.half else '-':>5}{_cell(m.fps, '.1f', 8)}"
+                     f"{s.post_workers:>5}{s.batch_size:>6}{'yes' if s.half else '-':>5}{s.backend:>9}"
+                     f"{_cell(m.fps, '.1f', 8)}"
                      f"{_cell(m.latency_p50_ms, '.1f', 8)}"
                      f"{_cell(m.latency_p95_ms, '.1f', 8)}{_cell(m.cpu_ms_per_frame, '.1f', 8)}"
                      f"{_cell(m.bound_fps, '.1f', 7)}  {neck:<20}{'yes' if m.stable else 'no':<7}{t.verdict}{best}")

@@ -11,6 +11,7 @@ trials' length (default ``DEFAULT_TRIAL_S``) and ``--frames`` is not used by the
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -27,9 +28,10 @@ from sweep.output import best_lines, command_line, sweep_csv, sweep_summary, swe
 from sweep.plot import sweep_png
 from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
 from supervisor import exit_codes
-from supervisor.prepare import plan_source, resolve
+from supervisor.prepare import plan_source, prepare_backend, resolve
 from supervisor.run import UsageError, run_pipeline
-from workers.config import RunConfig, build_config, config_toml, read_toml
+from workers.config import ConfigError, RunConfig, build_config, config_toml, read_toml
+from yolo.presets import MODEL_FREE
 
 log = logging.getLogger("runner")
 
@@ -107,6 +109,10 @@ class LiveTrials:
     def __call__(self, settings: Settings, index: int) -> Measurement:
         cfg, machine, names = resolve(self.config(settings, index))
         try:
+            prepare_backend(cfg)  # the first OpenVINO trial converts the model (cached for the others)
+        except ConfigError as exc:
+            return Measurement(fps=None, exit_code=2, error=str(exc))
+        try:
             outcome = run_pipeline(cfg, machine, names, plan_source(cfg, self.download_dir), show_progress=False)
         except UsageError as exc:
             return Measurement(fps=None, exit_code=exit_codes.USAGE, error=str(exc))
@@ -127,6 +133,21 @@ def log_trial(trial: Trial) -> None:
              m.fps, m.latency_p50_ms or 0.0, neck, "stable" if m.stable else "not stable", trial.verdict)
 
 
+def openvino_can_run(cfg: RunConfig) -> bool:
+    """Whether a trial may move to --backend openvino (the sweep's Machine adds: on the CPU): the
+    package is installed and the model's conversion is already cached. Converting takes tens of
+    seconds, which one trial would spend out of the budget; one run with --backend openvino
+    converts it for every later sweep."""
+    if importlib.util.find_spec("openvino") is None or (cfg.preset == MODEL_FREE and not cfg.weights):
+        return False
+    from backends.openvino import cached_model_path
+    if cached_model_path(cfg.weights or None, preset=cfg.preset, fuse=cfg.fuse) is None:
+        log.info("sweep: --backend openvino is not tried: its converted model is not cached yet (one run with "
+                 "--backend openvino converts it)")
+        return False
+    return True
+
+
 def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequest,
               started_s: float | None = None, download_dir: str = "") -> int:
     """Run the sweep, write its files, print the table (or the JSON summary); the exit code.
@@ -135,8 +156,8 @@ def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequ
     log.info("sweep %s: %g s budget, %g s trials, from %s", sweep_dir, request.budget_s, request.trial_s,
              Settings.of(resolved).label())
     trials = LiveTrials(given, sweep_dir, request.trial_s, download_dir)
-    sweep = Sweep(trials, machine, request.budget_s, request.trial_s,
-                  on_trial=log_trial, started_s=started_s)
+    sweep = Sweep(trials, dataclasses.replace(machine, openvino=openvino_can_run(resolved)), request.budget_s,
+                  request.trial_s, on_trial=log_trial, started_s=started_s)
     result = sweep.run(Settings.of(resolved))
     command, config_saved, failed = None, None, {}
     if result.best is not None:

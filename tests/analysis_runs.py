@@ -20,8 +20,10 @@ def steady_run(frames: int = 120, period_s: float = 0.05, warmup: int = 0, cores
                workers: dict | None = None, wall_ms: dict | None = None, cpu_ms: dict | None = None,
                busy: dict | None = None, blocked: dict | None = None, draw_save_ms: tuple = (2.0, 3.0),
                other_cpu_ms: float = 2.0, cold_first: bool = True, config: dict | None = None,
-               machine: dict | None = None, resources: bool = True, **changes) -> RunData:
-    """``other_cpu_ms``: the runner's and collector's CPU per frame together (half each)."""
+               machine: dict | None = None, resources: bool = True, forward_ms: float | None = None,
+               **changes) -> RunData:
+    """``other_cpu_ms``: the runner's and collector's CPU per frame together (half each);
+    ``forward_ms``: inference's forward sub-stage per frame (none recorded when None)."""
     workers = {"pre": 2, "infer": 2, "post": 2, **(workers or {})}
     wall_ms = {"pre": 10.0, "infer": 30.0, "post": 10.0, **(wall_ms or {})}
     cpu_ms = {**wall_ms, **(cpu_ms or {})}
@@ -36,7 +38,7 @@ def steady_run(frames: int = 120, period_s: float = 0.05, warmup: int = 0, cores
         for k in range(workers[role]):
             mine = [f for f in frame_list if f["workers"][role] == f"{role}-{k}"]
             stats.append(_worker(role, k, len(mine), wall_s, wall_ms[role], cpu_ms[role], busy[role], blocked[role],
-                                 draw_save_ms if role == "post" else None))
+                                 draw_save_ms if role == "post" else None, forward_ms if role == "infer" else None))
     stats.append({**_worker("collector", 0, 0, wall_s, 0.0, 0.0, 0.01, 0.0, None), "name": "collector"})
     cfg = {"device": "cpu", "batch_size": 1, "imgsz": 640, "rect": True, "weights": "", "preset": "yolov5n",
            "save_images": "all", "half": False, "prefetch": 2, **(config or {})}
@@ -64,8 +66,8 @@ def _frame(i: int, period_s: float, wall_ms: dict, workers: dict, cold: bool) ->
 
 
 def _worker(role: str, k: int, frames: int, wall_s: float, wall_ms: float, cpu_ms: float, busy: float,
-            blocked: float, draw_save_ms: tuple | None) -> dict:
-    substages = {}
+            blocked: float, draw_save_ms: tuple | None, forward_ms: float | None = None) -> dict:
+    substages = {} if forward_ms is None else {"forward": Samples([forward_ms] * frames).to_dict()}
     if draw_save_ms is not None:
         substages = {"nms": Samples([1.0] * frames).to_dict(), "draw": Samples([draw_save_ms[0]] * frames).to_dict(),
                      "save": Samples([draw_save_ms[1]] * frames).to_dict()}

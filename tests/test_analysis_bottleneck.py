@@ -86,6 +86,46 @@ def test_bf16_is_offered_only_where_the_cpu_has_it():
     assert "CUDA" not in all_lever_text(report) and "fp16" not in all_lever_text(report)
 
 
+def forward_probe(measured: bool = True, **changes) -> dict:
+    """What supervisor.forward_probe records: OpenVINO's forward 42 ms against torch's 60 (0.7x)."""
+    probe = {"backend": "openvino", "measured": measured, "why": "" if measured else "no converted model cached",
+             "shape": [1, 3, 480, 640], "threads": 1, "precision": "fp32", "torch_ms": 60.0 if measured else None,
+             "backend_ms": 42.0 if measured else None, "forwards": 5}
+    return {**probe, **changes}
+
+
+def backend_levers(report) -> list[dict]:
+    return [lever for lever in report["bottleneck"]["levers"] if lever["flag"] == "--backend openvino"]
+
+
+def test_the_backend_lever_scales_the_runs_forward_by_the_measured_ratio():
+    # inference's forward takes 40 of its 45 CPU-ms; 0.7x of it saves 12: 2000 / (76 - 12) = 31.25 fps,
+    # more than --save-images none's 30.8, so it ranks first
+    report = build_report(saturated_run(forward_ms=40.0, machine={"forward_probe": forward_probe()}))
+    lever, = backend_levers(report)
+    assert lever["bound_fps_after"] == pytest.approx(2000 / 64)
+    assert lever["text"].startswith("--backend openvino: estimated 31.2 fps (bound now 26.3): its forward took "
+                                    "42.0 ms against torch's 60.0 ms (0.70x)")
+    assert "1x3x480x640, 1 thread(s), fp32" in lever["text"]
+    assert report["bottleneck"]["hint"] == lever["text"]
+
+
+def test_the_backend_lever_is_never_a_guess():
+    # no probe (openvino not installed, or a run recorded before probes): not offered
+    assert not backend_levers(build_report(saturated_run(forward_ms=40.0)))
+    # the probe could not time the forwards: offered as unmeasured, with no estimate
+    lever, = backend_levers(build_report(saturated_run(forward_ms=40.0,
+                                                       machine={"forward_probe": forward_probe(False)})))
+    assert lever["bound_fps_after"] is None and "unmeasured: no converted model cached" in lever["text"]
+    # OpenVINO no faster, no forward recorded to scale, already on OpenVINO: not offered
+    slower = {"forward_probe": forward_probe(backend_ms=61.0)}
+    assert not backend_levers(build_report(saturated_run(forward_ms=40.0, machine=slower)))
+    assert not backend_levers(build_report(saturated_run(machine={"forward_probe": forward_probe()})))
+    on_openvino = saturated_run(forward_ms=40.0, machine={"forward_probe": forward_probe()},
+                                config={"backend": "openvino"})
+    assert not backend_levers(build_report(on_openvino))
+
+
 def test_cuda_inference_limit_offers_half_and_batches():
     run = steady_run(cores=16, period_s=1 / 90, wall_ms={"pre": 20.0, "infer": 10.0, "post": 20.0},
                      workers={"pre": 4, "infer": 1, "post": 4}, busy={"pre": 0.45, "infer": 0.92, "post": 0.45},

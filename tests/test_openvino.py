@@ -5,6 +5,7 @@ from OpenVINO's counters under TimedModule's names; the runner and ``python -m y
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -146,6 +147,37 @@ def test_python_m_yolo_on_openvino_reproduces_ultralytics(tmp_path):
     records = json.loads(out.read_text())
     _assert_matches([(r["box"], r["score"], r["class"]) for r in records],
                     json.loads(fixture_path("expected_bus.json").read_text())["bus.jpg@640-rect"]["detections"])
+
+
+def test_a_torch_run_times_openvinos_forward_beside_torchs_for_its_lever(openvino_fp32, tmp_path):
+    """The runner's probe at the run's shape (bus.jpg, 1080x810, at --imgsz 160 rect: 160x128),
+    threads and precision, from the cached conversion (openvino_fp32 made it): both measured."""
+    done = _run("runner.py", "--weights", str(fixture_path("yolov5n.pt")), "--source", str(fixture_path("bus.jpg")),
+                "--imgsz", "160", "--frames", "4", "--results", str(tmp_path), "--name", "run", "--no-progress")
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = json.loads((tmp_path / "run" / "report.json").read_text())["machine"]["forward_probe"]
+    assert probe["measured"] and probe["backend"] == "openvino", probe
+    assert (probe["shape"], probe["threads"], probe["precision"]) == ([1, 3, 160, 128], 1, "fp32")
+    assert probe["torch_ms"] > 0 and probe["backend_ms"] > 0 and probe["forwards"] >= 1
+
+
+def test_no_probe_without_a_cached_conversion_nor_where_the_lever_cannot_apply(tmp_path, monkeypatch):
+    from supervisor.forward_probe import probe_forwards
+    from workers.config import RunConfig
+    from inputs.sources import plan_frames
+    plan = plan_frames(str(fixture_path("bus.jpg")), 1)
+    cfg = RunConfig(weights=str(fixture_path("yolov5n.pt")), imgsz=160)
+    monkeypatch.setenv("YOLO_PIPELINE_CACHE", str(tmp_path))  # an empty cache: nothing converted, nothing timed
+    probe = probe_forwards(cfg, plan)
+    assert not probe.measured and "no converted model cached" in probe.why and not any(tmp_path.iterdir())
+    assert probe_forwards(dataclasses.replace(cfg, backend="openvino"), plan) is None
+    assert probe_forwards(dataclasses.replace(cfg, weights="", preset="none"), plan) is None
+
+
+def test_inference_processes_leave_their_threads_unpinned():
+    """Pinned, two one-thread processes shared one core (see openvino_model.PIN_THREADS_NOTE)."""
+    assert OpenVinoModel(None, threads=1, pin_threads=False).config["ENABLE_CPU_PINNING"] is False
+    assert "ENABLE_CPU_PINNING" not in OpenVinoModel(None, threads=1).config
 
 
 def test_openvino_on_cuda_is_refused_before_anything_starts(tmp_path):

@@ -168,7 +168,8 @@ class RunConfig:
         return BackendOptions(weights=self.weights or None, preset=self.preset, device=device, precision=precision,
                               threads=threads, batch_size=self.batch_size, fuse=self.fuse, inplace=self.inplace,
                               channels_last=self.channels_last, module_timing=self.module_timing,
-                              timing_mode=self.timing_mode, keep_span_forwards=self.trace_module_forwards)
+                              timing_mode=self.timing_mode, keep_span_forwards=self.trace_module_forwards,
+                              pin_threads=False)  # several inference processes share the cores
 
     def detect_options(self):
         """The options of yolo.detect that inference and postprocess share."""
