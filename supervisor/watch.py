@@ -16,7 +16,7 @@ from supervisor.health import Health
 from supervisor.processes import Launcher, role_of
 from supervisor.signals import Interrupts
 from workers.config import RunConfig
-from workers.in_hand import read_in_hand
+from workers.in_hand import read_held
 from workers.messages import DRAIN, PEER_GONE, STOP
 from workers.transport import DropCounter, send_message
 
@@ -46,7 +46,8 @@ class Watch:
         self.restarts: dict[str, int] = {}
         self.collector_died = False
         self.last_progress: dict | None = None  # the collector's last counts, for a report without it
-        self.died_at: dict[str, int | None] = {}  # preprocess worker -> the position it held when it last died
+        self.deaths_holding: dict[tuple[str, int], int] = {}  # (reader name or stage, position or id) -> deaths
+        self.poisoned: dict[str, dict[int, str]] = {"infer": {}, "post": {}}  # stage -> {frame id: why failed}
         self.restart_log: list[dict] = []
         self.seen_interrupts = 0
         self.last_notice_s = 0.0
@@ -99,18 +100,19 @@ class Watch:
             self.enter("done", reason)
             return
         incarnation = self.launcher.incarnation(name)
-        poison = self.poison_frame(name, reason) if role == "pre" else None
+        poison = self.poison_frames(name, reason)
         can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
         self.broadcast({"type": PEER_GONE, "name": name, "incarnation": incarnation, "final": not can_restart,
                         "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(),
-                        "position": self.health.position(name)})
+                        "position": self.health.position(name), "poison": [list(p) for p in poison]})
         self.restart_log.append({"name": name, "incarnation": incarnation, "reason": reason, "signal": signal_name,
                                  "exit_code": code, "restarted": can_restart})
         if can_restart:
             self.restarts[role] = self.restarts.get(role, 0) + 1
             log.warning("%s: restarting it (%d of %d restarts for %s)", reason, self.restarts[role],
                         self.cfg.max_restarts, role)
-            self.start_worker(name, start_position=self.health.position(name), poison=poison)
+            self.start_worker(name, start_position=self.health.position(name),
+                              poison=poison[0] if role == "pre" and poison else None)
             return
         if role == "pre" or not self.launcher.alive(role):
             log.error("%s: no %s worker can take its frames; stopping the run", reason, role)
@@ -119,17 +121,24 @@ class Watch:
         else:
             log.warning("%s: going on with the other %s workers", reason, role)
 
-    def poison_frame(self, name: str, reason: str) -> tuple[int, str] | None:
-        """(position, reason) when a preprocess worker died holding the frame it held when it last
-        died: that frame is failed with the reason by the next incarnation, not read again."""
-        held = read_in_hand(self.launcher.template.run_tag, name)
-        if held is not None and self.died_at.get(name) == held:
-            self.died_at[name] = None
-            log.warning("%s died twice holding the same frame (position %d of its share): it is failed, not read "
-                        "again", name, held)
-            return held, f"{name} died twice reading it ({reason})"
-        self.died_at[name] = held
-        return None
+    def poison_frames(self, name: str, reason: str) -> list[tuple[int, str]]:
+        """(position or frame id, reason) of what the dead worker held (its in-hand file) that a
+        worker died holding once before: failed with the reason, not tried a third time. A
+        preprocess worker's positions are its own share's, and the next incarnation fails that
+        frame; an inference or postprocess frame may have killed any worker of the stage, and
+        whichever worker it reaches next fails it (told by the peer-gone notice, or at start)."""
+        role = role_of(name)
+        owner = name if role == "pre" else role
+        poison = []
+        for held in read_held(self.launcher.template.run_tag, name):
+            deaths = self.deaths_holding[owner, held] = self.deaths_holding.get((owner, held), 0) + 1
+            if deaths == 2:
+                what = "reading it" if role == "pre" else "holding it"
+                poison.append((held, f"{name} died twice {what} ({reason})"))
+                log.warning("%s died twice holding the same frame (%s %d): it is failed, not tried again", name,
+                            "position of its share" if role == "pre" else "frame id", held)
+        self.poisoned.get(role, {}).update(poison)
+        return poison
 
     def start_worker(self, name: str, start_position: int = 0, poison: tuple[int, str] | None = None) -> None:
         role = role_of(name)
@@ -138,7 +147,7 @@ class Watch:
             index = int(name.split("-")[1])
             device, threads = self.cfg.devices[index % len(self.cfg.devices)], self.cfg.infer_threads
         self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position,
-                            poison=poison or (-1, ""))
+                            poison=poison or (-1, ""), poison_frames=tuple(self.poisoned.get(role, {}).items()))
         self.health.expect(name, self.launcher.incarnation(name), start_position, pid=self.launcher.pid(name))
 
     def on_interrupt(self) -> None:

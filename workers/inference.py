@@ -17,8 +17,9 @@ import torch.nn as nn
 import zmq
 
 from analysis.samples import Samples
+from workers.in_hand import InHand
 from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
-                               setup_logging, test_slowdown_ms, worker_stats)
+                               setup_logging, test_crash, test_slowdown_ms, worker_stats)
 from workers.links import Downstream, Upstream
 from workers.messages import FAILED, PRE_FRAME, check_fields
 from workers.preprocess import LETTERBOX_STRIDE
@@ -143,6 +144,7 @@ def run(args: StageArgs) -> None:
     batches = frames = cold_forwards = 0
     cold_forward_s = 0.0  # first forwards of an input shape: set-up time left out of ms per frame, said apart
     module_times = ModuleTimes(detector.timing)
+    in_hand = InHand(args.run_tag, args.name)  # the batch being run, for the runner if this dies
     log.info(detector.log_line())
     try:
         started = False
@@ -170,10 +172,14 @@ def run(args: StageArgs) -> None:
                     del waiting[due]
                 measured = all(m.header["id"] >= cfg.warmup for _, m, _ in group)
                 with clock.busy() as spent:
+                    in_hand.hold(*(m.header["id"] for _, m, _ in group))
                     t_start = time.perf_counter()
+                    for _, m, _ in group:
+                        test_crash(m.header["name"], "infer")
                     found, cold = detector.candidates([image for _, _, image in group], substages, measured)
                     burn_cpu(slow_ms * len(group))
                     t_end = time.perf_counter()
+                    in_hand.hold()
                 outbox.extend(_to_post(group, found, cold, t_start, t_end, args.name, len(group)))
                 module_times.after_forward()
                 if measured and not cold:
@@ -190,7 +196,7 @@ def run(args: StageArgs) -> None:
             events = poll(poller, timeout_ms, clock, blocked_on_output=bool(outbox))
             for socket in frames_in.sockets:
                 if socket in events:
-                    _receive(socket, frames_in, views, waiting, results_out, args)
+                    _receive(socket, frames_in, views, waiting, results_out, args, control.poison)
             if frames_out.socket in events:
                 frames_out.handle()
             if control.socket in events:
@@ -209,6 +215,7 @@ def run(args: StageArgs) -> None:
             timing=module_times.export(), held=held, held_by=frames_out.held_by(),
             resent=frames_out.resent_by), token=args.wire.token)
     finally:
+        in_hand.close()
         heartbeat.close()
         views.close()
         frames_in.close()
@@ -218,7 +225,10 @@ def run(args: StageArgs) -> None:
         ctx.term()
 
 
-def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, results_out, args: StageArgs) -> None:
+def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, results_out, args: StageArgs,
+             poison: dict[int, str]) -> None:
+    """A frame into the batch of its shape; failed at once when its pixels are bad or when it
+    killed inference workers twice (``poison``: id -> reason)."""
     msg = frames_in.receive(socket)
     if msg is None:
         return
@@ -229,6 +239,8 @@ def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, resul
         frames_in.ack(msg.header["id"])
         return
     try:
+        if msg.header["id"] in poison:  # failed as a frame whose pixels cannot be read is
+            raise SlotError(poison[msg.header["id"]])
         image = views.array(msg.header["px"].get("lb"), msg.arrays)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
             raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")

@@ -20,6 +20,7 @@ import zmq
 
 from analysis.printable import PrintableFormatter
 from analysis.samples import Samples
+from workers.in_hand import poison_named
 from workers.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
 from workers.transport import CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
@@ -102,6 +103,7 @@ class StageArgs:
     slot_count: int = 0
     poison_position: int = -1  # preprocess: the position of a frame that killed it twice: failed, not read
     poison_reason: str = ""
+    poison_frames: tuple[tuple[int, str], ...] = ()  # infer, post: (id, reason) of frames failed, not processed
 
     @property
     def identity(self) -> str:
@@ -185,6 +187,8 @@ class Control:
         self.drain_cancels = True  # frames never read count as cancelled (not after --duration)
         self.gone: list[dict] = []  # peer-gone notices not yet applied by the stage
         self.signal: str | None = None  # the signal that stopped the run (SIGINT, SIGTERM), if one did
+        self.role = args.name.rsplit("-", 1)[0]
+        self.poison: dict[int, str] = dict(args.poison_frames)  # frame id -> why it is failed, not processed
 
     def check(self) -> bool:
         """Read pending notices without waiting; True if the stage should stop now."""
@@ -207,6 +211,7 @@ class Control:
                 self.drain_cancels = header.get("cancel", True) is not False
         else:
             self.gone.append(header)
+            self.poison.update(poison_named(header, self.role))
 
     def take_gone(self) -> list[dict]:
         gone, self.gone = self.gone, []
@@ -376,14 +381,15 @@ def test_slowdown_ms(role: str) -> float:
     return 0.0
 
 
-TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # tests only: a preprocess worker dies on a frame whose name has this
+TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # tests only: "poison" (pre), "infer:poison": die on frames so named
 
 
-def test_crash(name: str) -> None:
-    """Die as a decoder crash would (tests only): on a frame whose name holds TEST_CRASH_ENV's text."""
-    text = os.environ.get(TEST_CRASH_ENV)
-    if text and text in name:
-        os._exit(70)
+def test_crash(name: str, role: str = "pre") -> None:
+    """Die as a decoder or model crash would (tests only): on a frame whose name has ``role``'s text."""
+    for part in os.environ.get(TEST_CRASH_ENV, "").split(","):
+        stage, _, text = part.partition(":") if ":" in part else ("pre", "", part)
+        if stage.strip() == role and text and text in name:
+            os._exit(70)
 
 
 def burn_cpu(ms: float) -> None:

@@ -56,7 +56,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     FINISHED: {"summary": DICT, "written": LIST, "write_error": "?str"},
     DRAIN: {"reason": STR, "cancel": "?bool", "signal": "?str"},
     STOP: {"reason": STR, "signal": "?str"},
-    PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR},
+    PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR, "poison": "?list"},
 }
 # What a stage reads in a frame, beyond the link's fields: checked by the receiving stage.
 PRE_FRAME = {"name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST, "lb_shape": LIST,

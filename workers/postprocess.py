@@ -18,8 +18,9 @@ import zmq
 
 from analysis.samples import Samples
 from workers.failure_log import FailureLog
+from workers.in_hand import InHand
 from workers.lifecycle import (Clock, Control, Heartbeat, StageArgs, burn_cpu, enter_process, poll, set_thread_counts,
-                               setup_logging, test_slowdown_ms, worker_stats)
+                               setup_logging, test_crash, test_slowdown_ms, worker_stats)
 from workers.links import SlotReturns, Upstream
 from workers.messages import FAILED, INFER_FRAME, RESULT, check_fields
 from workers.slots import SlotError, SlotViews
@@ -181,6 +182,7 @@ def run(args: StageArgs) -> None:
     clock, slow_ms = Clock(), test_slowdown_ms("post")
     substages = {"nms": Samples(), "draw": Samples(), "save": Samples()}
     frames = bytes_out = 0
+    in_hand = InHand(args.run_tag, args.name)  # the frame being finished, for the runner if this dies
     frames_in.start()
     try:
         while not control.check() and not frames_in.all_ended():
@@ -202,19 +204,25 @@ def run(args: StageArgs) -> None:
                     continue
                 measured = h["id"] >= cfg.warmup
                 with clock.busy() as spent:
+                    in_hand.hold(h["id"])
                     try:
+                        if h["id"] in control.poison:  # it killed postprocess workers twice: failed, not run
+                            raise RuntimeError(control.poison[h["id"]])
+                        test_crash(h["name"], "post")
                         result = postprocess(msg, views, opts, names, outputs, substages, measured, draw)
                         burn_cpu(slow_ms)
                         result["workers"] = {"pre": h.get("pre"), "infer": h.get("infer"), "post": args.name}
                         bytes_out += send_message(results_out, result, token=args.wire.token)
                     except Exception as exc:  # one bad frame must not take the stage down
-                        failures.failed("frame %d failed in postprocess", h["id"], exc_info=True)
+                        poisoned = h["id"] in control.poison
+                        failures.failed("frame %d failed in postprocess", h["id"], exc_info=not poisoned)
                         send_message(results_out, {"type": FAILED, "id": h["id"], "name": h["name"], "stage": "post",
-                                                   "worker": args.name, "reason": repr(exc), "cycle": h["cycle"],
-                                                   "video": h.get("video")}, token=args.wire.token)
+                                                   "worker": args.name, "reason": str(exc) if poisoned else repr(exc),
+                                                   "cycle": h["cycle"], "video": h.get("video")}, token=args.wire.token)
                     if h.get("release_by") == "post":
                         returns.release(h)
                     frames_in.ack(h["id"])
+                    in_hand.hold()
                 if measured and not h.get("cold"):
                     clock.add_frames(*spent, frames=1)
                 frames += 1
@@ -229,6 +237,7 @@ def run(args: StageArgs) -> None:
             images_saved=outputs.saved, image_error=outputs.error), token=args.wire.token)
     finally:
         failures.close()
+        in_hand.close()
         heartbeat.close()
         views.close()
         returns.close()
