@@ -84,14 +84,16 @@ class Launcher:
         start_fork_server()
 
     def start(self, name: str, device: str = "cpu", torch_threads: int = 1, start_position: int = 0,
-              poison: tuple[int, str] = (-1, ""), poison_frames: tuple[tuple[int, str], ...] = ()) -> None:
+              poison: tuple[int, str] = (-1, ""), poison_frames: tuple[tuple[int, str], ...] = (),
+              resume=None) -> None:
+        """``resume``: a restarted collector's workers.collector_journal.Resume."""
         role = role_of(name)
         incarnation = self.incarnations.get(name, -1) + 1
         args = dataclasses.replace(self.template, name=name, index=int(name.split("-")[1]) if role != "collector" else 0,
                                    incarnation=incarnation, device=device, torch_threads=torch_threads,
                                    start_position=start_position, poison_position=poison[0], poison_reason=poison[1],
                                    poison_frames=poison_frames)
-        extra = self.collector_extra if role == "collector" else ()
+        extra = (*self.collector_extra, resume) if role == "collector" else ()
         context = self.forked if role in TORCH_ROLES else self.spawn
         process = context.Process(target=run_stage, args=(STAGE_MODULES[role], args, *extra), name=name, daemon=True)
         if context is self.forked:

@@ -31,6 +31,7 @@ from supervisor.salvage import salvage_lists, write_runner_report
 from supervisor.processes import Launcher
 from supervisor.signals import EXIT_CODES, Interrupts
 from supervisor.watch import Watch
+from workers.collector_journal import remove_journal
 from workers.config import RunConfig
 from workers.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
 from workers.lifecycle import LOG_FORMAT, Endpoints, StageArgs, Wire, endpoint_names, make_endpoints
@@ -293,6 +294,7 @@ def _write_what_the_runner_knows(cfg: RunConfig, watch: Watch, run_dir: str) -> 
     """The collector died: its partial detections and predictions made valid, a report.json of
     what the runner knows, and results/latest pointed at the run."""
     salvaged = salvage_lists(run_dir)
+    remove_journal(run_dir)
     written = write_runner_report(run_dir, reason=watch.reason or "the collector died", config=cfg.as_dict(),
                                   progress=watch.last_progress, restarts=watch.restart_log,
                                   dropped=dict(watch.drops.counts), salvaged=salvaged)
