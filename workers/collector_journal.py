@@ -15,6 +15,7 @@ postprocess worker sends its last results again (workers.postprocess.SentResults
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -98,11 +99,9 @@ class Journal:
 
     def _close_file(self) -> None:
         file, self._file = self._file, None
-        if file is not None:
-            try:
+        with contextlib.suppress(OSError):  # a tail that cannot be flushed is a line a reload leaves out
+            if file is not None:
                 file.close()
-            except OSError:
-                pass
 
 
 def remove_journal(run_dir: str) -> None:
