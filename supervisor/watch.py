@@ -48,7 +48,7 @@ class Watch:
         self.collector_died = False
         self.last_progress: dict | None = None  # the collector's last counts, for a report without it
         self.deaths_holding: dict[tuple[str, int], int] = {}  # (reader name or stage, position or id) -> deaths
-        self.poisoned: dict[str, dict[int, str]] = {"infer": {}, "post": {}}  # stage -> {frame id: why failed}
+        self.poisoned: dict[str, dict[int, str | None]] = {"infer": {}, "post": {}}  # stage -> {id: why failed}
         self.restart_log: list[dict] = []
         self.gone_notices: list[dict] = []  # every peer-gone notice broadcast: a restarted collector missed them
         self.exited: list[str] = []  # workers that exited by themselves (code 0)
@@ -109,7 +109,7 @@ class Watch:
         poison = self.poison_frames(name, reason)
         can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
         self.tell_gone(name, reason, signal_name, code, final=not can_restart, position=self.health.position(name),
-                       poison=[list(p) for p in poison])
+                       poison=[list(p) for p in self.poisoned.get(role, {}).items()])
         if can_restart:
             self.count_restart(name, reason)
             self.start_worker(name, start_position=self.health.position(name),
@@ -159,18 +159,22 @@ class Watch:
         worker died holding once before: failed with the reason, not tried a third time. A
         preprocess worker's positions are its own share's, and the next incarnation fails that
         frame; an inference or postprocess frame may have killed any worker of the stage, and
-        whichever worker it reaches next fails it (told by the peer-gone notice, or at start)."""
+        whichever worker it reaches next fails it (told by the peer-gone notice, or at start);
+        one held at a first death is a suspect (None), which inference runs alone."""
         role = role_of(name)
         owner = name if role == "pre" else role
-        poison = []
-        for held in read_held(self.launcher.template.run_tag, name):
+        poison, held_now = [], read_held(self.launcher.template.run_tag, name)
+        for held in held_now:
             deaths = self.deaths_holding[owner, held] = self.deaths_holding.get((owner, held), 0) + 1
             if deaths == 2:
                 what = "reading it" if role == "pre" else "holding it"
                 poison.append((held, f"{name} died twice {what} ({reason})"))
                 log.warning("%s died twice holding the same frame (%s %d): it is failed, not tried again", name,
                             "position of its share" if role == "pre" else "frame id", held)
-        self.poisoned.get(role, {}).update(poison)
+        if role in self.poisoned:
+            marks = self.poisoned[role]
+            marks.update({held: None for held in held_now if held not in marks})
+            marks.update(poison)
         return poison
 
     def start_worker(self, name: str, start_position: int = 0, poison: tuple[int, str] | None = None,

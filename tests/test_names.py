@@ -86,24 +86,28 @@ def test_a_frame_that_kills_its_reader_twice_is_failed_with_the_reason_not_read_
     run.assert_clean()
 
 
-@pytest.mark.parametrize("stage", ["infer", "post"])
-def test_a_frame_that_kills_an_inference_or_postprocess_worker_twice_is_failed_with_the_reason(live, tmp_path, stage):
+@pytest.mark.parametrize("stage, flags", [("infer", ()), ("infer", ("--batch-size", "4", "--max-wait-ms", "3000")),
+                                          ("post", ())])
+def test_a_frame_that_kills_an_inference_or_postprocess_worker_twice_is_failed_with_the_reason(live, tmp_path, stage,
+                                                                                                 flags):
     """infer-0 (or post-0) dies on poison.jpg every time (a model or NMS crash): after the first
     restart the frame is sent to the new incarnation, which dies too; the runner then names the
     frame (each worker keeps the ids it holds in a tiny file) and the next incarnation fails it
     with the reason instead of running it. The other frames are processed, 2 restarts of 3 used,
-    exit 3 (one frame failed), not an abort when the restarts run out."""
+    exit 3 (one frame failed), not an abort when the restarts run out. In batches of 4 (waiting
+    for 4 frames), the frames held at the first death run alone next time: only the one that
+    kills is failed, not the 3 batched with it."""
     folder = tmp_path / "src"
     folder.mkdir()
-    for name in ("a.jpg", "b.jpg", "poison.jpg", "c.jpg", "d.jpg"):
+    for name in ("a.jpg", "b.jpg", "c_poison.jpg", "d.jpg", "e.jpg"):  # read in this order: a batch of 4 holds it
         shutil.copy(fixture_path("zidane.jpg"), folder / name)
-    run = live(*SMALL_RUN, "--preset", "none", "--source", str(folder), "--save-images", "1",
+    run = live(*SMALL_RUN, "--preset", "none", "--source", str(folder), "--save-images", "1", *flags,
                env={TEST_CRASH_ENV: f"{stage}:poison"})
     assert run.wait() == 3, run.stderr()
     report = run.report()
     assert report["frames"]["processed"] == 4 and report["frames"]["failed"] == 1, report["frames"]
     (failure,) = report["frames"]["failures"]
-    assert failure["name"] == "poison.jpg" and failure["stage"] == stage and failure["kind"] == "failed"
+    assert failure["name"] == "c_poison.jpg" and failure["stage"] == stage and failure["kind"] == "failed"
     assert failure["reason"].startswith(f"{stage}-0 died twice holding it ({stage}-0 exited with code 70"), failure
     assert [r["name"] for r in report["restarts"]] == [f"{stage}-0", f"{stage}-0"]
     assert "died twice holding the same frame" in run.log()

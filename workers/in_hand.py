@@ -58,10 +58,12 @@ def read_in_hand(run_tag: str, name: str, directory: str = SHM_DIR) -> int | Non
     return held[0] if held else None
 
 
-def poison_named(notice: dict, role: str) -> dict[int, str]:
+def poison_named(notice: dict, role: str) -> dict[int, str | None]:
     """{frame id: reason} of the frames a peer-gone notice names as having killed a worker of
-    ``role`` twice: failed by whichever worker of that stage they reach next, not processed."""
+    ``role`` twice: failed by whichever worker of that stage they reach next, not processed; and
+    {frame id: None} of those a worker died holding once: suspects, each run alone in a batch of
+    its own, so that if one kills again it alone is named."""
     if notice["name"].rsplit("-", 1)[0] != role or not isinstance(notice.get("poison"), list):
         return {}
     return {pair[0]: pair[1] for pair in notice["poison"] if isinstance(pair, list) and len(pair) == 2
-            and isinstance(pair[0], int) and not isinstance(pair[0], bool) and isinstance(pair[1], str)}
+            and isinstance(pair[0], int) and not isinstance(pair[0], bool) and isinstance(pair[1], (str, type(None)))}

@@ -167,7 +167,7 @@ def run(args: StageArgs) -> None:
                 frames_in.ack(header["id"], release=header.get("release_by") == "infer")
             due = _due_batch(waiting, cfg, frames_in.all_ended())
             if due is not None and len(outbox) < cfg.batch_size:
-                group, waiting[due] = waiting[due][:cfg.batch_size], waiting[due][cfg.batch_size:]
+                group, waiting[due] = _take_batch(waiting[due], cfg.batch_size, control.poison)
                 if not waiting[due]:
                     del waiting[due]
                 measured = all(m.header["id"] >= cfg.warmup for _, m, _ in group)
@@ -228,7 +228,7 @@ def run(args: StageArgs) -> None:
 def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, results_out, args: StageArgs,
              poison: dict[int, str]) -> None:
     """A frame into the batch of its shape; failed at once when its pixels are bad or when it
-    killed inference workers twice (``poison``: id -> reason)."""
+    killed inference workers twice (``poison``: id -> reason; None for a suspect, run alone)."""
     msg = frames_in.receive(socket)
     if msg is None:
         return
@@ -239,7 +239,7 @@ def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, resul
         frames_in.ack(msg.header["id"])
         return
     try:
-        if msg.header["id"] in poison:  # failed as a frame whose pixels cannot be read is
+        if poison.get(msg.header["id"]):  # failed as a frame whose pixels cannot be read is
             raise SlotError(poison[msg.header["id"]])
         image = views.array(msg.header["px"].get("lb"), msg.arrays)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
@@ -252,6 +252,16 @@ def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, resul
         frames_in.ack(msg.header["id"], release=True)
         return
     waiting[tuple(image.shape)].append((time.perf_counter(), msg, image))
+
+
+def _take_batch(items: list, size: int, suspects: dict) -> tuple[list, list]:
+    """(the batch to run now, what waits): a frame a worker died holding once runs alone, so that
+    if it kills this worker too, it alone is failed, not the frames batched with it."""
+    group = items[:size]
+    for i, (_, msg, _) in enumerate(group):
+        if len(group) > 1 and msg.header["id"] in suspects:
+            return [group[i]], items[:i] + items[i + 1:]
+    return group, items[size:]
 
 
 def _due_batch(waiting: dict, cfg, inputs_ended: bool):

@@ -103,7 +103,7 @@ class StageArgs:
     slot_count: int = 0
     poison_position: int = -1  # preprocess: the position of a frame that killed it twice: failed, not read
     poison_reason: str = ""
-    poison_frames: tuple[tuple[int, str], ...] = ()  # infer, post: (id, reason) of frames failed, not processed
+    poison_frames: tuple[tuple[int, str | None], ...] = ()  # infer, post: (id, reason to fail it, or None: suspect)
 
     @property
     def identity(self) -> str:
@@ -188,7 +188,7 @@ class Control:
         self.gone: list[dict] = []  # peer-gone notices not yet applied by the stage
         self.signal: str | None = None  # the signal that stopped the run (SIGINT, SIGTERM), if one did
         self.role = args.name.rsplit("-", 1)[0]
-        self.poison: dict[int, str] = dict(args.poison_frames)  # frame id -> why it is failed, not processed
+        self.poison: dict[int, str | None] = dict(args.poison_frames)  # id -> why failed (None: a suspect)
 
     def check(self) -> bool:
         """Read pending notices without waiting; True if the stage should stop now."""

@@ -234,7 +234,7 @@ def run(args: StageArgs) -> None:
                 with clock.busy() as spent:
                     in_hand.hold(h["id"])
                     try:
-                        if h["id"] in control.poison:  # it killed postprocess workers twice: failed, not run
+                        if control.poison.get(h["id"]):  # it killed postprocess workers twice: failed, not run
                             raise RuntimeError(control.poison[h["id"]])
                         test_crash(h["name"], "post")
                         result = postprocess(msg, views, opts, names, outputs, substages, measured, draw)
@@ -242,7 +242,7 @@ def run(args: StageArgs) -> None:
                         result["workers"] = {"pre": h.get("pre"), "infer": h.get("infer"), "post": args.name}
                         bytes_out += sent.send(result)
                     except Exception as exc:  # one bad frame must not take the stage down
-                        poisoned = h["id"] in control.poison
+                        poisoned = bool(control.poison.get(h["id"]))
                         failures.failed("frame %d failed in postprocess", h["id"], exc_info=not poisoned)
                         sent.send({"type": FAILED, "id": h["id"], "name": h["name"], "stage": "post",
                                    "worker": args.name, "reason": str(exc) if poisoned else repr(exc),
