@@ -13,7 +13,8 @@ import pytest
 from analysis.atomic import JsonListFile
 from supervisor.salvage import whole_records
 from tests.live_run import SMALL_RUN
-from workers.collector_journal import JOURNAL_NAME, Journal, reload
+from workers.collector_journal import JOURNAL_NAME, Journal, frame_row, reload
+from workers.ledger import FRAME_TIMES
 from workers.lifecycle import TEST_SLOW_ENV
 
 
@@ -25,8 +26,9 @@ def test_whole_records_keep_every_line_that_parses_up_to_the_cut():
 
 
 def _result(frame_id: int, boxes: int) -> dict:
-    return {"id": frame_id, "name": "bus.jpg", "t": {"read_start": 1.0}, "batch": 1, "image_saved": False,
-            "cold": False, "workers": {"post": "post-0"}, "detections": [{"frame": frame_id, "k": k} for k in range(boxes)]}
+    return {"id": frame_id, "name": "bus.jpg", "t": {k: 0.5 * i for i, k in enumerate(FRAME_TIMES)}, "batch": 1,
+            "image_saved": False, "cold": True, "workers": {"pre": "pre-0", "infer": "infer-1", "post": "post-0"},
+            "detections": [{"frame": frame_id, "k": k} for k in range(boxes)]}
 
 
 def test_a_restarted_collector_keeps_the_frames_whose_records_its_files_hold_whole(tmp_path, caplog):
@@ -41,11 +43,13 @@ def test_a_restarted_collector_keeps_the_frames_whose_records_its_files_hold_who
         result = _result(frame_id, boxes)
         journal.frame(result, (detections.extend(result["detections"]), predictions.extend([{"p": frame_id}])))
     journal.failed({"id": 5, "name": "x.jpg", "stage": "pre", "worker": "pre-0", "reason": "broken"})
+    journal.flush()
     detections.extend(_result(3, 2)["detections"])  # died before frame 3's journal line
     detections._file.flush()
-    (tmp_path / JOURNAL_NAME).open("a").write('{"frame": {"id": 4')
+    (tmp_path / JOURNAL_NAME).open("a").write('{"f": [4, 1, 0')
     reloaded = reload(str(tmp_path))
-    assert [sorted(e) for e in reloaded.entries] == [["frame", "lists"]] * 3 + [["failed"]]
+    assert [sorted(e) for e in reloaded.entries] == [["f"]] * 3 + [["failed"]]
+    assert frame_row(reloaded.entries[0]["f"]) == {**_result(0, 2), "detections": 2}  # the ledger's row
     assert reloaded.lists["detections.json"][1] == 3 and reloaded.lists["predictions.json"][1] == 3
     again = JsonListFile(str(tmp_path / "detections.json"), json.dumps, reloaded.lists["detections.json"])
     again.extend(_result(3, 2)["detections"])  # sent again by postprocess

@@ -12,7 +12,7 @@ import time
 
 import zmq
 
-from workers.collector_journal import Journal, Resume, reload
+from workers.collector_journal import Journal, Resume, frame_row, reload
 from workers.host import usable_cores
 from workers.ledger import Expected, Ledger, account_missing
 from workers.lifecycle import Clock, Control, Heartbeat, StageArgs, enter_process, poll, set_thread_counts, setup_logging
@@ -62,8 +62,8 @@ class Collected:
         """A restarted collector's state: its predecessor's journal, the deaths it did not hear of,
         and no wait for a worker that exited before now without a summary journaled."""
         for entry in entries:
-            if "frame" in entry:
-                self.ledger.add_result(entry["frame"])
+            if "f" in entry:
+                self.ledger.add_result(frame_row(entry["f"]))
             elif "failed" in entry:
                 self.ledger.add_failure(entry["failed"])
             elif "stats" in entry:
@@ -181,6 +181,7 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
             if results_in in events:
                 with clock.busy():
                     _drain_results(results_in, collected, args, drops)
+                    collected.journal.flush()
             if control.socket in events:
                 control.handle()
             now = time.perf_counter()

@@ -15,18 +15,18 @@ postprocess worker sends its last results again (workers.postprocess.SentResults
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 from dataclasses import dataclass
 
 from supervisor.salvage import PARTIAL_LIST, whole_records_with_ends
+from workers.ledger import FRAME_TIMES
 
 JOURNAL_NAME = ".collector-journal.partial"  # in the run folder, next to the lists it vouches for
 LISTS = ("detections.json", "predictions.json")
-LEDGER_KEYS = ("id", "name", "t", "batch", "image_saved", "cold", "workers")  # what workers.ledger keeps a frame by
 FAILURE_KEYS = ("id", "name", "stage", "worker", "reason")
+BATCH_LINES = 32  # lines written together at most: a death loses at most these, and postprocess sends them again
 
 
 @dataclass(frozen=True)
@@ -50,25 +50,37 @@ class Reloaded:
 
 
 class Journal:
-    """The writer's side: one line per entry, written through to the OS (a kill loses at most
-    the line being written, which the reader leaves out). A write error stops the journal, with
-    one line in the log: the run goes on, a restart then resumes from what was journaled."""
+    """The writer's side: one line per entry, written to the OS in batches (a kill loses the lines
+    not written yet, and cuts at most the one being written, which the reader leaves out). A
+    write error stops the journal, with one line in the log: the run goes on, and a restart
+    resumes from what was journaled."""
 
     def __init__(self, run_dir: str, log: logging.Logger, resume_end: int | None = None):
-        from analysis.report import json_text  # what the lists are written with: the same plain JSON
+        from analysis.report import json_text  # for a summary that holds NaN: what the lists are written with
         self.path = os.path.join(run_dir, JOURNAL_NAME)
-        self.log, self._encode = log, json_text
-        self._file = None
+        self.log, self._plain_json = log, json_text
+        self._fd: int | None = None
+        self._pending: list[str] = []  # lines not written yet (at most BATCH_LINES)
         try:
             if resume_end is not None:
                 os.truncate(self.path, resume_end)
-            self._file = open(self.path, "a" if resume_end is not None else "w", encoding="ascii")
+            fresh = os.O_TRUNC if resume_end is None else 0
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | fresh, 0o644)
         except OSError as exc:
             self._stop(exc)
 
     def frame(self, result: dict, lists: tuple[int, int]) -> None:
-        row = {k: result.get(k) for k in LEDGER_KEYS}
-        self._write({"frame": {**row, "detections": len(result["detections"])}, "lists": list(lists)})
+        """Formatted by hand, not by json.dumps of a dict: this runs for every frame of the run."""
+        if self._fd is None:
+            return
+        t, workers = result["t"], result.get("workers") or {}
+        times = ",".join(repr(float(t.get(k, 0.0))) for k in FRAME_TIMES)
+        names = json.dumps([result["name"], workers.get("pre"), workers.get("infer"), workers.get("post")])
+        self._pending.append(f'{{"f":[{result["id"]},{int(result["batch"])},{int(bool(result["image_saved"]))},'
+                             f'{int(bool(result["cold"]))},{len(result["detections"])},{lists[0]},{lists[1]},'
+                             f'[{times}],{names}]}}')
+        if len(self._pending) >= BATCH_LINES:
+            self.flush()
 
     def failed(self, failure: dict) -> None:
         self._write({"failed": {k: failure[k] for k in FAILURE_KEYS}})
@@ -77,13 +89,27 @@ class Journal:
         self._write({"stats": stats})
 
     def _write(self, entry: dict) -> None:
-        if self._file is None:
+        if self._fd is None:
             return
         try:
-            self._file.write(self._encode(entry) + "\n")
-            self._file.flush()
+            try:
+                self._pending.append(json.dumps(entry, allow_nan=False))
+            except ValueError:
+                self._pending.append(self._plain_json(entry))
         except (ValueError, TypeError) as exc:  # not plain JSON: that entry is left out
             self.log.warning("collector journal: an entry was left out (%s)", exc)
+        if len(self._pending) >= BATCH_LINES:
+            self.flush()
+
+    def flush(self) -> None:
+        """The lines kept so far, in one os.write: after the records they vouch for, which the
+        lists wrote through already. The collector calls it after each batch of messages it read:
+        one system call a batch, not a frame (every frame goes through the collector)."""
+        lines, self._pending = self._pending, []
+        if self._fd is None or not lines:
+            return
+        try:
+            os.write(self._fd, ("\n".join(lines) + "\n").encode("ascii"))
         except OSError as exc:
             self._stop(exc)
 
@@ -94,15 +120,14 @@ class Journal:
 
     def close(self) -> None:
         """The run folder is written (or given up): the journal is of no more use."""
+        self._pending = []
         self._close_file()
         _unlink(self.path)
 
     def _close_file(self) -> None:
-        file, self._file = self._file, None
-        with contextlib.suppress(OSError):  # a tail that cannot be flushed is a line a reload leaves out
-            if file is not None:
-                file.close()
-
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 def remove_journal(run_dir: str) -> None:
     """No collector will go on with the run (the runner salvaged its lists): the journal goes."""
@@ -116,7 +141,7 @@ def reload(run_dir: str) -> Reloaded:
     ends = {name: [end for _, end in whole_records_with_ends(data)] for name, (_, data) in lists.items()}
     kept, counts, journal_end = [], [0, 0], 0
     for entry, entry_end in _journal_lines(journal):
-        wrote = entry.get("lists") or [0, 0]
+        wrote = entry["f"][5:7] if "f" in entry else [0, 0]
         if any(counts[i] + wrote[i] > len(ends[name]) for i, name in enumerate(LISTS)):
             break  # its records are not all in the files: the frame counts as unseen
         counts = [counts[i] + wrote[i] for i in range(len(LISTS))]
@@ -127,6 +152,15 @@ def reload(run_dir: str) -> Reloaded:
         path, data = lists[name]
         resumed[name] = (path, counts[i], ends[name][counts[i] - 1] if counts[i] else 1) if data else None
     return Reloaded(kept, journal_end, resumed)
+
+
+def frame_row(line: list) -> dict:
+    """A frame's row, as workers.ledger.Ledger.add_result takes it, from its journal line
+    ``[id, batch, image_saved, cold, detections, records in each list..., [times], [name, pre, infer, post]]``."""
+    (frame_id, batch, saved, cold, found), times, (name, pre, infer, post) = line[:5], line[7], line[8]
+    return {"id": frame_id, "name": name, "t": dict(zip(FRAME_TIMES, times)), "batch": batch,
+            "image_saved": bool(saved), "cold": bool(cold), "workers": {"pre": pre, "infer": infer, "post": post},
+            "detections": found}
 
 
 def _journal_lines(data: bytes) -> list[tuple[dict, int]]:
