@@ -35,22 +35,33 @@ class JsonListFile:
     written it whole. A record that is not plain JSON is skipped and counted, a write error
     (disk full) stops the file and is kept in ``error``."""
 
-    def __init__(self, path: str, encode):
+    def __init__(self, path: str, encode, resume: tuple[str, int, int] | None = None):
+        """``resume``: (a dead writer's partial file, its records to keep, the bytes they end at):
+        that file is cut there and appended to (a restarted collector goes on with its files)."""
         self.path, self.encode = path, encode
         self.records = self.skipped = 0
         self.error: str | None = None
         folder, name = os.path.split(os.path.abspath(path))
         self._temporary = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
         self._file = None
-        self._guard(self._open)
+        if resume is not None:
+            self._temporary, self.records = resume[0], resume[1]
+            self._guard(lambda: self._reopen(resume[2]))
+        else:
+            self._guard(self._open)
 
     def _open(self) -> None:
         self._file = open(self._temporary, "x", encoding="utf-8")
         self._file.write("[")
 
-    def extend(self, records) -> None:
+    def _reopen(self, end: int) -> None:
+        os.truncate(self._temporary, end)  # a record cut by the writer's death, or one nobody vouches for
+        self._file = open(self._temporary, "a", encoding="utf-8")
+
+    def extend(self, records) -> int:
+        """Append ``records``; returns how many were written (those not plain JSON are skipped)."""
         if self._file is None:
-            return
+            return 0
         lines = []
         for record in records:
             try:
@@ -61,6 +72,7 @@ class JsonListFile:
             separator = "," if self.records else ""
             self.records += len(lines)
             self._guard(lambda: self._write_now(separator + "\n" + ",\n".join(lines)))
+        return len(lines)
 
     def _write_now(self, text: str) -> None:
         """Written through to the OS (no fsync): a writer killed mid-run leaves every whole record in

@@ -77,13 +77,16 @@ class Launcher:
         start_fork_server()
 
     def start(self, name: str, device: str = "cpu", torch_threads: int = 1, start_position: int = 0,
-              poison: tuple[int, str] = (-1, "")) -> None:
+              poison: tuple[int, str] = (-1, ""), poison_frames: tuple[tuple[int, str], ...] = (),
+              resume=None) -> None:
+        """``resume``: a restarted collector's workers.collector_journal.Resume."""
         kind = KINDS[role_of(name)]
         incarnation = self.incarnations.get(name, -1) + 1
         args = dataclasses.replace(self.template, name=name, index=index_of(name),
                                    incarnation=incarnation, device=device, torch_threads=torch_threads,
-                                   start_position=start_position, poison_position=poison[0], poison_reason=poison[1])
-        extra = self.collector_extra if kind.role == "collector" else ()
+                                   start_position=start_position, poison_position=poison[0], poison_reason=poison[1],
+                                   poison_frames=poison_frames)
+        extra = (*self.collector_extra, resume) if kind.role == "collector" else ()
         context = self.forked if kind.uses_torch else self.spawn
         process = context.Process(target=run_stage, args=(kind.module, args, *extra), name=name, daemon=True)
         if context is self.forked:

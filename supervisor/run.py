@@ -33,6 +33,7 @@ from supervisor.processes import Launcher
 from supervisor import exit_codes
 from supervisor.signals import Interrupts
 from supervisor.watch import Watch
+from workers.collector_journal import remove_journal
 from workers.config import RunConfig
 from workers.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
 from topology.stages import endpoint_names, stage_counts, worker_names
@@ -288,6 +289,7 @@ def _write_what_the_runner_knows(cfg: RunConfig, watch: Watch, run_dir: str) -> 
     """The collector died: its partial detections and predictions made valid, a report.json of
     what the runner knows, and results/latest pointed at the run."""
     salvaged = salvage_lists(run_dir)
+    remove_journal(run_dir)
     written = write_runner_report(run_dir, reason=watch.reason or "the collector died", config=cfg.as_dict(),
                                   progress=watch.last_progress, restarts=watch.restart_log,
                                   dropped=dict(watch.drops.counts), salvaged=salvaged)

@@ -23,16 +23,25 @@ PARTIAL_LIST = re.compile(r"^\.(detections\.json|predictions\.json)\.\d+\.[0-9a-
 
 def whole_records(text: str) -> list:
     """The records of a JSON list file cut short: every line that parses, up to the first that does not."""
-    records = []
-    for line in text.splitlines()[1:]:  # the first line is "["
-        line = line.strip().removesuffix(",")
-        if line == "]":
+    return [record for record, _ in whole_records_with_ends(text.encode("utf-8", "surrogateescape"))]
+
+
+def whole_records_with_ends(data: bytes) -> list[tuple[object, int]]:
+    """Each whole record of a JSON list file cut short, with the byte offset just past it (its
+    comma left out): where a writer that goes on appending cuts the file (workers.collector_journal)."""
+    found = []
+    lines = data.split(b"\n")
+    start = len(lines[0]) + 1  # the first line is "["
+    for line in lines[1:]:
+        body = line.strip().removesuffix(b",")
+        if body == b"]":
             break
         try:
-            records.append(json.loads(line))
+            found.append((json.loads(body), start + len(line.rstrip().removesuffix(b","))))
         except ValueError:  # the record being written when the writer died
             break
-    return records
+        start += len(line) + 1
+    return found
 
 
 def salvage_lists(run_dir: str) -> dict[str, int]:

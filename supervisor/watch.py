@@ -16,8 +16,9 @@ from supervisor.health import Health
 from supervisor.processes import Launcher
 from topology.stages import role_of
 from supervisor.signals import Interrupts
+from workers.collector_journal import Resume
 from workers.config import RunConfig
-from workers.in_hand import read_in_hand
+from workers.in_hand import read_held
 from workers.messages import DRAIN, PEER_GONE, STOP
 from workers.transport import DropCounter, send_message
 
@@ -47,8 +48,11 @@ class Watch:
         self.restarts: dict[str, int] = {}
         self.collector_died = False
         self.last_progress: dict | None = None  # the collector's last counts, for a report without it
-        self.died_at: dict[str, int | None] = {}  # preprocess worker -> the position it held when it last died
+        self.deaths_holding: dict[tuple[str, int], int] = {}  # (reader name or stage, position or id) -> deaths
+        self.poisoned: dict[str, dict[int, str | None]] = {"infer": {}, "post": {}}  # stage -> {id: why failed}
         self.restart_log: list[dict] = []
+        self.gone_notices: list[dict] = []  # every peer-gone notice broadcast: a restarted collector missed them
+        self.exited: list[str] = []  # workers that exited by themselves (code 0)
         self.seen_interrupts = 0
         self.last_notice_s = 0.0
         self.last_done, self.last_change_s = -1, self.clock.now()
@@ -81,6 +85,7 @@ class Watch:
         self.launcher.forget(name)
         self.health.forget(name)
         if code == 0:
+            self.exited.append(name)
             return
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         self.on_death(name, f"{name} {how}", signal.Signals(-code).name if code < 0 else None, code)
@@ -93,25 +98,23 @@ class Watch:
 
     def on_death(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
         role = role_of(name)
+        if role == "collector" and self.can_restart_collector():
+            self.restart_collector(name, reason, signal_name, code)
+            return
         if role == "collector":
             self.aborted = self.kill_all = True
             self.collector_died = True
             log.error("%s: the run cannot go on without its collector; the runner writes what it knows", reason)
             self.enter("done", reason)
             return
-        incarnation = self.launcher.incarnation(name)
-        poison = self.poison_frame(name, reason) if role == "pre" else None
+        poison = self.poison_frames(name, reason)
         can_restart = self.phase == "running" and self.restarts.get(role, 0) < self.cfg.max_restarts
-        self.broadcast({"type": PEER_GONE, "name": name, "incarnation": incarnation, "final": not can_restart,
-                        "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(),
-                        "position": self.health.position(name)})
-        self.restart_log.append({"name": name, "incarnation": incarnation, "reason": reason, "signal": signal_name,
-                                 "exit_code": code, "restarted": can_restart})
+        self.tell_gone(name, reason, signal_name, code, final=not can_restart, position=self.health.position(name),
+                       poison=[list(p) for p in self.poisoned.get(role, {}).items()])
         if can_restart:
-            self.restarts[role] = self.restarts.get(role, 0) + 1
-            log.warning("%s: restarting it (%d of %d restarts for %s)", reason, self.restarts[role],
-                        self.cfg.max_restarts, role)
-            self.start_worker(name, start_position=self.health.position(name), poison=poison)
+            self.count_restart(name, reason)
+            self.start_worker(name, start_position=self.health.position(name),
+                              poison=poison[0] if role == "pre" and poison else None)
             return
         if role == "pre" or not self.launcher.alive(role):
             log.error("%s: no %s worker can take its frames; stopping the run", reason, role)
@@ -120,26 +123,71 @@ class Watch:
         else:
             log.warning("%s: going on with the other %s workers", reason, role)
 
-    def poison_frame(self, name: str, reason: str) -> tuple[int, str] | None:
-        """(position, reason) when a preprocess worker died holding the frame it held when it last
-        died: that frame is failed with the reason by the next incarnation, not read again."""
-        held = read_in_hand(self.launcher.template.run_tag, name)
-        if held is not None and self.died_at.get(name) == held:
-            self.died_at[name] = None
-            log.warning("%s died twice holding the same frame (position %d of its share): it is failed, not read "
-                        "again", name, held)
-            return held, f"{name} died twice reading it ({reason})"
-        self.died_at[name] = held
-        return None
+    def tell_gone(self, name: str, reason: str, signal_name: str | None, code: int, final: bool,
+                  **extra) -> None:
+        """The peer-gone notice to every process (its senders send again what it held), kept for
+        a collector started later; and the line of the runner's restart log."""
+        notice = {"type": PEER_GONE, "name": name, "incarnation": self.launcher.incarnation(name), "final": final,
+                  "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(), **extra}
+        self.broadcast(notice)
+        self.gone_notices.append(notice)
+        self.restart_log.append({"name": name, "incarnation": notice["incarnation"], "reason": reason,
+                                 "signal": signal_name, "exit_code": code, "restarted": not final})
 
-    def start_worker(self, name: str, start_position: int = 0, poison: tuple[int, str] | None = None) -> None:
+    def count_restart(self, name: str, reason: str) -> None:
+        role = role_of(name)
+        self.restarts[role] = self.restarts.get(role, 0) + 1
+        log.warning("%s: restarting it (%d of %d restarts for %s)", reason, self.restarts[role],
+                    self.cfg.max_restarts, role)
+
+    def can_restart_collector(self) -> bool:
+        """Restarts left, the run not stopping, and no annotated video being written (a video file
+        cut by its writer's death cannot be continued, and the frames it held keep their slots)."""
+        plan = self.launcher.template.plan
+        videos = self.cfg.save_every > 0 and any(item.kind in ("video", "stream") for item in plan.items)
+        return self.phase in ("running", "draining") and not videos and \
+            self.restarts.get("collector", 0) < self.cfg.max_restarts
+
+    def restart_collector(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
+        """A new collector goes on from what the dead one wrote durably (workers.collector_journal);
+        the postprocess workers send it their last results again, told by the notice."""
+        self.tell_gone(name, reason, signal_name, code, final=False)
+        self.count_restart(name, reason)
+        self.start_worker(name, resume=Resume(tuple(self.gone_notices), tuple(self.exited)))
+
+    def poison_frames(self, name: str, reason: str) -> list[tuple[int, str]]:
+        """(position or frame id, reason) of what the dead worker held (its in-hand file) that a
+        worker died holding once before: failed with the reason, not tried a third time. A
+        preprocess worker's positions are its own share's, and the next incarnation fails that
+        frame; an inference or postprocess frame may have killed any worker of the stage, and
+        whichever worker it reaches next fails it (told by the peer-gone notice, or at start);
+        one held at a first death is a suspect (None), which inference runs alone."""
+        role = role_of(name)
+        owner = name if role == "pre" else role
+        poison, held_now = [], read_held(self.launcher.template.run_tag, name)
+        for held in held_now:
+            deaths = self.deaths_holding[owner, held] = self.deaths_holding.get((owner, held), 0) + 1
+            if deaths == 2:
+                what = "reading it" if role == "pre" else "holding it"
+                poison.append((held, f"{name} died twice {what} ({reason})"))
+                log.warning("%s died twice holding the same frame (%s %d): it is failed, not tried again", name,
+                            "position of its share" if role == "pre" else "frame id", held)
+        if role in self.poisoned:
+            marks = self.poisoned[role]
+            marks.update({held: None for held in held_now if held not in marks})
+            marks.update(poison)
+        return poison
+
+    def start_worker(self, name: str, start_position: int = 0, poison: tuple[int, str] | None = None,
+                     resume: Resume | None = None) -> None:
         role = role_of(name)
         device, threads = "cpu", 1
         if role == "infer":
             index = int(name.split("-")[1])
             device, threads = self.cfg.devices[index % len(self.cfg.devices)], self.cfg.infer_threads
         self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position,
-                            poison=poison or (-1, ""))
+                            poison=poison or (-1, ""), poison_frames=tuple(self.poisoned.get(role, {}).items()),
+                            resume=resume)
         self.health.expect(name, self.launcher.incarnation(name), start_position, pid=self.launcher.pid(name))
 
     def on_interrupt(self) -> None:

@@ -11,6 +11,7 @@ import time
 
 import zmq
 
+from workers.collector_journal import Journal, Resume, frame_row, reload
 from workers.host import usable_cores
 from workers.ledger import Expected, Ledger, account_missing
 from workers.clock import Clock, poll, worker_stats
@@ -34,38 +35,67 @@ COLLECTOR_TYPES = frozenset({RESULT, FAILED, STATS})
 class Collected:
     """What the collector keeps while the run goes: the ledger, the summaries, the outputs."""
 
-    def __init__(self, args: StageArgs, expected_workers: list[str], ctx: zmq.Context, log):
+    def __init__(self, args: StageArgs, expected_workers: list[str], ctx: zmq.Context, log,
+                 resume: Resume | None = None):
         self.args, self.log = args, log
         self.ledger = Ledger(args.plan)
         self.expected = Expected(list(expected_workers))
         from analysis.atomic import JsonListFile
         from analysis.report import json_text
+        # A restarted collector goes on with what its predecessor wrote durably (the journal).
+        reloaded = reload(args.run_dir) if resume is not None else None
+        lists = reloaded.lists if reloaded else {}
         # Written as they arrive, not held: a long run's collector keeps only the ledger's rows.
-        self.detections = JsonListFile(os.path.join(args.run_dir, "detections.json"), json_text)
-        self.predictions = JsonListFile(os.path.join(args.run_dir, "predictions.json"), json_text)
+        self.detections = JsonListFile(os.path.join(args.run_dir, "detections.json"), json_text,
+                                       lists.get("detections.json"))
+        self.predictions = JsonListFile(os.path.join(args.run_dir, "predictions.json"), json_text,
+                                        lists.get("predictions.json"))
+        self.journal = Journal(args.run_dir, log, reloaded.journal_end if reloaded else None)
         self.image_error: str | None = None
         self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every,
                                       args.config.draw_options())
         self.views = SlotViews(args.run_tag)
         self.returns = SlotReturns(ctx, args)
         self.bytes_in = self.messages_in = 0
+        if resume is not None:
+            self._take_back(reloaded.entries, resume)
+
+    def _take_back(self, entries: list[dict], resume: Resume) -> None:
+        """A restarted collector's state: its predecessor's journal, the deaths it did not hear of,
+        and no wait for a worker that exited before now without a summary journaled."""
+        for entry in entries:
+            if "f" in entry:
+                self.ledger.add_result(frame_row(entry["f"]))
+            elif "failed" in entry:
+                self.ledger.add_failure(entry["failed"])
+            elif "stats" in entry:
+                self.expected.add_stats(entry["stats"])
+        for notice in resume.notices:
+            self.expected.gone(notice)
+        self.expected.abandoned.update(n for n in resume.exited if n not in self.expected.stats)
+        self.log.warning("restarted: %d processed and %d failed frames, %d worker summaries taken back from the "
+                         "journal", len(self.ledger.processed), len(self.ledger.failed), len(self.expected.stats))
 
     def take(self, header: dict, arrays: list) -> None:
         kind = header["type"]
         if kind == RESULT:
             self._result(header, arrays)
         elif kind == FAILED:
-            if self.ledger.add_failure(header) and isinstance(header.get("video"), dict):
-                self.videos.skip(header["name"], header.get("cycle") or 0, header["video"])
+            if self.ledger.add_failure(header):
+                self.journal.failed(header)
+                if isinstance(header.get("video"), dict):
+                    self.videos.skip(header["name"], header.get("cycle") or 0, header["video"])
         elif kind == STATS:
             self.expected.add_stats(header)
+            self.journal.stats(header)
 
     def _result(self, header: dict, arrays: list) -> None:
         new = self.ledger.add_result(header)
         if new:
-            self.detections.extend(header["detections"])
-            if isinstance(header.get("predictions"), list):
-                self.predictions.extend(header["predictions"])
+            lists = (self.detections.extend(header["detections"]),
+                     self.predictions.extend(header["predictions"]) if isinstance(header.get("predictions"), list)
+                     else 0)
+            self.journal.frame(header, lists)  # after the records: it vouches for them
             if header.get("image_error") and self.image_error is None:
                 self.image_error = header["image_error"]
                 self.log.error("%s", self.image_error)
@@ -93,6 +123,7 @@ class Collected:
         return written, failed
 
     def close(self) -> None:
+        self.journal.close()
         self.detections.abandon()
         self.predictions.abandon()
         self.views.close()
@@ -116,7 +147,9 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, machine: dict) -> None:
+def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, machine: dict,
+        resume: Resume | None = None) -> None:
+    """``resume``: this collector is restarted; it goes on from what its predecessor wrote."""
     signals = enter_process(args)
     threads = set_thread_counts(args.torch_threads, args.opencv_threads, use_torch=False)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
@@ -132,7 +165,7 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
     poller = zmq.Poller()
     poller.register(results_in, zmq.POLLIN)
     poller.register(control.socket, zmq.POLLIN)
-    collected = Collected(args, expected_workers, ctx, log)
+    collected = Collected(args, expected_workers, ctx, log, resume)
     sampler = ResourceSampler(args.runner_pid)
     clock = Clock()
     last_progress = last_sample = 0.0
@@ -150,6 +183,7 @@ def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, m
             if results_in in events:
                 with clock.busy():
                     _drain_results(results_in, collected, args, drops)
+                    collected.journal.flush()
             if control.socket in events:
                 control.handle()
             now = time.perf_counter()

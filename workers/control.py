@@ -9,6 +9,8 @@ import time
 
 import zmq
 
+from topology.stages import role_of
+from workers.in_hand import poison_named
 from workers.lifecycle import ReceivedSignals
 from workers.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
 from workers.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
@@ -35,6 +37,8 @@ class Control:
         self.drain_cancels = True  # frames never read count as cancelled (not after --duration)
         self.gone: list[dict] = []  # peer-gone notices not yet applied by the stage
         self.signal: str | None = None  # the signal that stopped the run (SIGINT, SIGTERM), if one did
+        self.role = role_of(args.name)
+        self.poison: dict[int, str | None] = dict(args.poison_frames)  # id -> why failed (None: a suspect)
 
     def check(self) -> bool:
         """Read pending notices without waiting; True if the stage should stop now."""
@@ -57,6 +61,7 @@ class Control:
                 self.drain_cancels = header.get("cancel", True) is not False
         else:
             self.gone.append(header)
+            self.poison.update(poison_named(header, self.role))
 
     def take_gone(self) -> list[dict]:
         gone, self.gone = self.gone, []

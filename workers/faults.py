@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 TEST_SLOW_ENV = "YOLO_PIPELINE_TEST_SLOW"  # "post:30" makes each post frame burn 30 CPU-ms ("pre:5,post:30")
-TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # a preprocess worker dies on a frame whose name holds this text
+TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # "text" (pre), "infer:text", "post:text": die on frames so named
 CRASH_EXIT_CODE = 70
 
 
@@ -20,8 +20,8 @@ class TestFaults:
 
     @classmethod
     def for_role(cls, role: str) -> TestFaults:
-        crash_on = os.environ.get(TEST_CRASH_ENV, "") if role == "pre" else ""
-        return cls(slow_ms=_slowdown_ms(os.environ.get(TEST_SLOW_ENV, ""), role), crash_on=crash_on)
+        return cls(slow_ms=_slowdown_ms(os.environ.get(TEST_SLOW_ENV, ""), role),
+                   crash_on=_crash_text(os.environ.get(TEST_CRASH_ENV, ""), role))
 
     def on_frames(self, names: list[str]) -> None:
         """One unit of work on these frames: die if one is the named frame, burn the CPU asked for."""
@@ -29,6 +29,14 @@ class TestFaults:
             os._exit(CRASH_EXIT_CODE)
         if self.slow_ms:
             burn_cpu(self.slow_ms * len(names))
+
+
+def _crash_text(spec: str, role: str) -> str:
+    for part in spec.split(","):
+        stage, _, text = part.partition(":") if ":" in part else ("pre", "", part)
+        if stage.strip() == role and text:
+            return text
+    return ""
 
 
 def _slowdown_ms(spec: str, role: str) -> float:

@@ -24,6 +24,7 @@ from workers.clock import Clock, poll, worker_stats
 from workers.control import Control, Heartbeat
 from workers.faults import TestFaults
 from workers.lifecycle import enter_process, set_thread_counts, setup_logging
+from workers.in_hand import InHand
 from workers.links import Downstream, Upstream
 from workers.frame_header import FrameHeader
 from workers.slots import SlotError, SlotViews
@@ -125,6 +126,7 @@ def run(args: StageArgs) -> None:
     batches = frames = cold_forwards = 0
     cold_forward_s = 0.0  # first forwards of an input shape: set-up time left out of ms per frame, said apart
     module_times = ModuleTimes(detector.timing)
+    in_hand = InHand(args.run_tag, args.name)  # the batch being run, for the runner if this dies
     log.info(detector.log_line())
     try:
         started = False
@@ -147,15 +149,17 @@ def run(args: StageArgs) -> None:
                 frames_in.ack(header["id"], release=header.get("release_by") == "infer")
             due = _due_batch(waiting, cfg, frames_in.all_ended())
             if due is not None and len(outbox) < cfg.batch_size:
-                group, waiting[due] = waiting[due][:cfg.batch_size], waiting[due][cfg.batch_size:]
+                group, waiting[due] = _take_batch(waiting[due], cfg.batch_size, control.poison)
                 if not waiting[due]:
                     del waiting[due]
                 measured = all(item.header.id >= cfg.warmup for item in group)
                 with clock.busy() as spent:
+                    in_hand.hold(*(item.header.id for item in group))
                     t_start = time.perf_counter()
                     found, cold = detector.candidates([item.image for item in group], substages, measured)
                     faults.on_frames([item.header.name for item in group])
                     t_end = time.perf_counter()
+                    in_hand.hold()
                 outbox.extend(_to_post(group, found, cold, t_start, t_end, args.name, len(group)))
                 module_times.after_forward()
                 if measured and not cold:
@@ -172,7 +176,7 @@ def run(args: StageArgs) -> None:
             events = poll(poller, timeout_ms, clock, blocked_on_output=bool(outbox))
             for socket in frames_in.sockets:
                 if socket in events:
-                    _receive(socket, frames_in, views, waiting, results_out, args)
+                    _receive(socket, frames_in, views, waiting, results_out, args, control.poison)
             if frames_out.socket in events:
                 frames_out.handle()
             if control.socket in events:
@@ -191,6 +195,7 @@ def run(args: StageArgs) -> None:
             timing=module_times.export(), held=held, held_by=frames_out.held_by(),
             resent=frames_out.resent_by), token=args.wire.token)
     finally:
+        in_hand.close()
         heartbeat.close()
         views.close()
         frames_in.close()
@@ -200,7 +205,10 @@ def run(args: StageArgs) -> None:
         ctx.term()
 
 
-def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, results_out, args: StageArgs) -> None:
+def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, results_out, args: StageArgs,
+             poison: dict[int, str]) -> None:
+    """A frame into the batch of its shape; failed at once when its pixels are bad or when it
+    killed inference workers twice (``poison``: id -> reason; None for a suspect, run alone)."""
     msg = frames_in.receive(socket)
     if msg is None:
         return
@@ -211,6 +219,8 @@ def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, resul
         frames_in.ack(msg.header["id"])
         return
     try:
+        if poison.get(header.id):  # failed as a frame whose pixels cannot be read is
+            raise SlotError(poison[header.id])
         image = views.array(header.px.get("lb"), msg.arrays)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
             raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")
@@ -219,6 +229,16 @@ def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, resul
         frames_in.ack(header.id, release=True)
         return
     waiting[tuple(image.shape)].append(Waiting(time.perf_counter(), header, msg.arrays, image))
+
+
+def _take_batch(items: list[Waiting], size: int, suspects: dict) -> tuple[list[Waiting], list[Waiting]]:
+    """(the batch to run now, what waits): a frame a worker died holding once runs alone, so that
+    if it kills this worker too, it alone is failed, not the frames batched with it."""
+    group = items[:size]
+    for i, item in enumerate(group):
+        if len(group) > 1 and item.header.id in suspects:
+            return [group[i]], items[:i] + items[i + 1:]
+    return group, items[size:]
 
 
 def _due_batch(waiting: dict, cfg, inputs_ended: bool):

@@ -42,7 +42,8 @@ class ProcessedFrames:
         self.ids.append(frame_id)
         self.times.extend(float(t.get(k, 0.0)) for k in FRAME_TIMES)
         self.batch.append(int(result["batch"]))
-        self.detections.append(len(result["detections"]))
+        found = result["detections"]  # the records, or their count (a row a restarted collector reloads)
+        self.detections.append(found if isinstance(found, int) else len(found))
         self.flags.append(bool(result["image_saved"]) | bool(result["cold"]) << 1)
         self.worker_sets.append(self._worker_set_index.setdefault(triple, len(self._worker_set_index)))
         if frame_id >= self.plan.planned or self.plan.ref(frame_id).name != result["name"]:
@@ -146,11 +147,16 @@ class Expected:
             self.stats[name] = stats
 
     def gone(self, notice: dict) -> None:
+        """A worker's death, or the collector's (a restarted collector is told of its own, for
+        the report); a notice heard twice (given at start, then broadcast) counts once."""
         name = notice["name"]
-        if name not in self.names:
+        if name not in self.names and name != "collector" or any(
+                r["name"] == name and r["incarnation"] == notice["incarnation"] for r in self.restarts):
             return
         self.restarts.append({k: notice.get(k) for k in ("name", "incarnation", "signal", "exit_code", "reason",
                                                          "t_s", "final")})
+        if name == "collector":
+            return
         if isinstance(notice.get("position"), int):
             self.positions[name] = notice["position"]
         if notice["final"]:

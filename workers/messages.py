@@ -56,7 +56,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     FINISHED: {"summary": DICT, "written": LIST, "write_error": "?str"},
     DRAIN: {"reason": STR, "cancel": "?bool", "signal": "?str"},
     STOP: {"reason": STR, "signal": "?str"},
-    PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR},
+    PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR, "poison": "?list"},
 }
 
 

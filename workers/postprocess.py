@@ -6,6 +6,7 @@ A full disk stops image saving with one logged error: frames are still detected 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import os
@@ -22,6 +23,7 @@ from workers.clock import Clock, poll, worker_stats
 from workers.control import Control, Heartbeat
 from workers.faults import TestFaults
 from workers.lifecycle import enter_process, set_thread_counts, setup_logging
+from workers.in_hand import InHand
 from workers.links import SlotReturns, Upstream
 from workers.frame_header import FrameHeader
 from workers.messages import RESULT
@@ -36,6 +38,31 @@ from yolo.labels import label_lines, label_path
 
 POLL_TIMEOUT_MS = 100
 JPEG_QUALITY = 95  # OpenCV's default, as imwrite uses
+RESEND_WINDOW = 256  # results kept after sending: those a collector that died had not written are among them
+
+
+class SentResults:
+    """The last results and failures sent to the collector. When it dies, those it had not yet
+    written die with it (in its queues, or its memory); they go again to its next incarnation,
+    which counts each frame once (workers.collector_journal). A frame sent before the window is
+    written, or, if it was lost too, accounted as lost at the end."""
+
+    def __init__(self, results_out, token: bytes):
+        self.results_out, self.token = results_out, token
+        self.recent: collections.deque = collections.deque(maxlen=RESEND_WINDOW)
+        self.resent_by: dict[str, int] = {}  # identity of the dead collector -> results sent again
+
+    def send(self, header: dict) -> int:
+        self.recent.append(header)
+        return send_message(self.results_out, header, token=self.token)
+
+    def collector_gone(self, notice: dict) -> None:
+        if notice["name"] != "collector":
+            return
+        for header in self.recent:
+            send_message(self.results_out, header, token=self.token)  # queued until the new collector binds
+        key = f"collector.{notice['incarnation']}"
+        self.resent_by[key] = self.resent_by.get(key, 0) + len(self.recent)
 
 
 class Outputs:
@@ -172,12 +199,15 @@ def run(args: StageArgs) -> None:
     clock, faults = Clock(), TestFaults.for_role("post")
     substages = {"nms": Samples(), "draw": Samples(), "save": Samples()}
     frames = bytes_out = 0
+    sent = SentResults(results_out, args.wire.token)
+    in_hand = InHand(args.run_tag, args.name)  # the frame being finished, for the runner if this dies
     frames_in.start()
     try:
         while not control.check() and not frames_in.all_ended():
             heartbeat.tick()
             for notice in control.take_gone():
                 frames_in.producer_gone(notice["name"], notice["final"])
+                sent.collector_gone(notice)
             events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=False)
             for socket in frames_in.sockets:
                 if socket not in events:
@@ -193,17 +223,22 @@ def run(args: StageArgs) -> None:
                     continue
                 measured = h.id >= cfg.warmup
                 with clock.busy() as spent:
+                    in_hand.hold(h.id)
                     try:
-                        result = postprocess(h, msg.arrays, views, opts, names, outputs, substages, measured, draw)
+                        if control.poison.get(h.id):  # it killed postprocess workers twice: failed, not run
+                            raise RuntimeError(control.poison[h.id])
                         faults.on_frames([h.name])
+                        result = postprocess(h, msg.arrays, views, opts, names, outputs, substages, measured, draw)
                         result["workers"] = {"pre": h.pre, "infer": h.infer, "post": args.name}
-                        bytes_out += send_message(results_out, result, token=args.wire.token)
+                        bytes_out += sent.send(result)
                     except Exception as exc:  # one bad frame must not take the stage down
-                        failures.failed("frame %d failed in postprocess", h.id, exc_info=True)
-                        send_message(results_out, h.failed("post", args.name, repr(exc)), token=args.wire.token)
+                        poisoned = bool(control.poison.get(h.id))
+                        failures.failed("frame %d failed in postprocess", h.id, exc_info=not poisoned)
+                        sent.send(h.failed("post", args.name, str(exc) if poisoned else repr(exc)))
                     if h.release_by == "post":
                         returns.release(h.id, h.pre, h.px)
                     frames_in.ack(h.id)
+                    in_hand.hold()
                 if measured and not h.cold:
                     clock.add_frames(*spent, frames=1)
                 frames += 1
@@ -215,9 +250,10 @@ def run(args: StageArgs) -> None:
             args, "post", threads, clock, frames, drops, bytes_in=frames_in.bytes_received, bytes_out=bytes_out,
             messages_in=frames_in.frames_received, messages_out=frames, link="post->collector",
             substages_ms={k: v.to_dict() for k, v in substages.items()}, held=frames_in.held(),
-            images_saved=outputs.saved, image_error=outputs.error), token=args.wire.token)
+            images_saved=outputs.saved, image_error=outputs.error, resent=sent.resent_by), token=args.wire.token)
     finally:
         failures.close()
+        in_hand.close()
         heartbeat.close()
         views.close()
         returns.close()

@@ -78,6 +78,7 @@ class StageArgs:
     slot_count: int = 0
     poison_position: int = -1  # preprocess: the position of a frame that killed it twice: failed, not read
     poison_reason: str = ""
+    poison_frames: tuple[tuple[int, str | None], ...] = ()  # infer, post: (id, reason to fail it, or None: suspect)
 
     @property
     def identity(self) -> str:
