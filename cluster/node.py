@@ -66,7 +66,7 @@ class NodeRunner:
         return result
 
     async def _run(self, config_path: str, errors) -> tuple[int, bytes]:
-        command = [sys.executable, "-m", "cluster.guard", str(os.getpid()), "--",
+        command = [sys.executable, "-m", "cluster.guard", str(os.getpid()), self.work_dir, "--",
                    sys.executable, os.path.join(REPO_ROOT, "runner.py"), "--config", config_path,
                    "--json", "--no-progress"]
         env = dict(os.environ, PYTHONPATH=REPO_ROOT)

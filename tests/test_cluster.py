@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from workers.ipc_dirs import IPC_DIR_PREFIX
 from workers.slots import SEGMENT_PREFIX, SHM_DIR
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r requirements-ray.txt)")
@@ -96,14 +97,17 @@ def clean(cluster):
     """After the test: none of our processes, segments or ipc folders (bounded wait: a runner
     told SIGTERM by its guard drains first)."""
     before = set(os.listdir(SHM_DIR))
+    work_dirs = set(os.listdir(cluster.tmpdir))  # live actors' folders: removed when the cluster ends
     yield
     deadline = time.monotonic() + 60
     while (our_processes(cluster.tmpdir) or our_segments(before, cluster.tmpdir)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not our_processes(cluster.tmpdir), our_processes(cluster.tmpdir)
     assert not our_segments(before, cluster.tmpdir), our_segments(before, cluster.tmpdir)
-    ipc = list(Path(cluster.tmpdir).glob("yolo-*"))
-    assert not ipc, f"ipc folders left: {ipc}"
+    left = list(Path(cluster.tmpdir).glob(f"{IPC_DIR_PREFIX}*"))
+    assert not left, f"ipc folders left: {left}"
+    orphans = [p for p in Path(cluster.tmpdir).glob("yolo-pipeline-cluster-*") if p.name not in work_dirs]
+    assert not orphans, f"a dead actor's folder left: {orphans}"
 
 
 def start_driver(cluster, results: Path, *flags: str, env: dict | None = None) -> subprocess.Popen:
