@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from supervisor.run import Outcome
 
 SWEEP_FLAGS = ("sweep", "sweep_budget_s", "save_config")
+RAY_FLAGS = ("ray", "ray_chunk_s")
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.toml")
 
@@ -160,6 +161,10 @@ def build_parser(json_errors: bool = False) -> Parser:
         help="tune worker counts, inference threads and batch size in short trials, then print the best")
     add("--sweep-budget-s", type=float, help="wall-clock budget of --sweep in seconds (default 300)")
     add("--save-config", help="with --sweep: write the best settings to this file, for --config")
+    p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: one pipeline per node, work balanced by "
+                   "speed, one merged run folder; ADDRESS is host:port or 'auto' (see docs/cluster.md)")
+    p.add_argument("--ray-chunk-s", type=float, help="with --ray: seconds of work per chunk handed to a node "
+                   "(default 20; each chunk pays one runner start)")
     return p
 
 
@@ -210,6 +215,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config_path, overrides = parse_args(argv)
     sweep_flags = {key: overrides.pop(key) for key in SWEEP_FLAGS}
+    ray_flags = {key: overrides.pop(key) for key in RAY_FLAGS}
     as_json = "--json" in (argv if argv is not None else sys.argv[1:])
     if as_json:
         logging.getLogger().handlers[0].setStream(sys.stderr)  # stdout holds only the JSON summary
@@ -219,6 +225,8 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
         say_plan(cfg)
         sweep = sweep_request(cfg, **sweep_flags, flags=overrides, config_path=config_path,
                               default_config=DEFAULT_CONFIG)
+        if ray_flags["ray"] is not None:
+            return run_on_ray(given, ray_flags, sweep is not None, overrides, as_json)
         start_fork_server()  # torch imports there while the rest is checked here
         cfg, machine, names, plan = prepare(cfg, download_dir)
     except (ConfigError, ValueError) as exc:
@@ -245,6 +253,28 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
         stop_helper_processes()
     print_outcome(outcome, cfg.json)
     return outcome.exit_code
+
+
+def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bool) -> int:
+    """--ray: this process drives one pipeline per node of a Ray cluster (cluster/)."""
+    from cluster.command import ClusterOptions, check_cluster_run, print_report, run_on_cluster
+    from cluster.driver import RayMissing
+    from workers.config import ConfigError
+    try:
+        if sweep:
+            raise ConfigError("--ray: --sweep tunes one machine; run it on a node without --ray")
+        options = ClusterOptions(ray_flags["ray"], ray_flags["ray_chunk_s"] or ClusterOptions.chunk_s)
+        cfg, _machine, names, plan = prepare(given, download_dir="")  # a video URL stays a URL for every node
+        check_cluster_run(cfg, plan)
+    except (ConfigError, ValueError, RayMissing) as exc:
+        return usage_failed(flag_named(str(exc), overrides), as_json)
+    try:
+        report = run_on_cluster(options, given, cfg, names, plan)
+    except (RuntimeError, ConnectionError) as exc:
+        log.error("error: the cluster run failed: %s", exc)
+        return exit_codes.ABORTED
+    print_report(report, cfg.json)
+    return report["summary"]["exit_code"]
 
 
 def say_plan(cfg) -> None:

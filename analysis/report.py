@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import time
 from typing import Any, Callable
 
 from analysis.atomic import write_bytes_atomic
@@ -133,6 +134,7 @@ def build_report(run: RunData) -> dict:
         "frames": frames_report(run, len(measured)),
         "throughput": throughput,
         "latency_ms": interval_ms(measured, "read_start", "post_end"),
+        "frame_latency_ms": frame_latencies_ms(measured),
         "stage_latency_ms": {name: interval_ms(measured, t0, t1) for name, (t0, t1) in STAGE_INTERVALS.items()},
         "stages": stages, "cpu": cpu, "inference": inference_of(stages, run.config, run.environment),
         "bottleneck": diagnose(stages, cpu, run.config, machine, measured=throughput["fps"] is not None,
@@ -165,6 +167,20 @@ def interval_ms(frames: list[dict], start: str, end: str) -> dict:
     return summarise_ms([(f["t"][end] - f["t"][start]) * 1e3 for f in frames])
 
 
+def frame_latencies_ms(measured: list[dict]) -> list[float]:
+    """Each measured frame's latency (read to postprocess done, ms) in id order: runs merged
+    later (a cluster's nodes) take percentiles over these, never averages of percentiles."""
+    ordered = sorted(measured, key=lambda f: f["id"])
+    return [round((f["t"]["post_end"] - f["t"]["read_start"]) * 1e3, 3) for f in ordered]
+
+
+def wall_clock(start_s: float, end_s: float) -> dict:
+    """[start_s, end_s] on this host's wall clock (Unix seconds), so windows of runs on other
+    hosts can be lined up; frames are timed on the monotonic clock, converted here."""
+    offset = time.time() - time.perf_counter()
+    return {"window_start_unix": start_s + offset, "window_end_unix": end_s + offset}
+
+
 def frames_report(run: RunData, measured: int) -> dict:
     lost = [x for x in run.failed if x.get("kind") == "lost"]
     return {"in": run.frames_in, "processed": len(run.frames), "failed": len(run.failed) - len(lost),
@@ -194,7 +210,7 @@ def throughput_report(run: RunData, window) -> dict:
     slices = throughput_windows(ends, window)
     return {"wall_s": run.finished_s - run.started_s, "window_start_s": window.start_s - run.started_s,
             "window_s": window.seconds, "measured_frames": window.measured, "completed_frames": window.completed,
-            "fps": window.fps,
+            "fps": window.fps, **wall_clock(window.start_s, window.end_s),
             "windows": [{**s, "start_s": s["start_s"] - run.started_s, "end_s": s["end_s"] - run.started_s}
                         for s in slices],
             **stability(slices, window, len(run.frames), run.warmup)}

@@ -1,0 +1,74 @@
+"""``python runner.py --ray ADDRESS``: check what a cluster run can do, run it, merge, print.
+
+Sources: a finite list of frames visible to every node (files, folders, globs and lists on
+storage every node mounts at the same path, or URLs), cut into chunks; synthetic frames, each
+chunk its own global ids. A live stream is one node's: refused here (run it without --ray).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+from cluster.chunks import units_of
+from cluster.driver import import_ray, run_cluster
+from cluster.report import write_run_folder
+from inputs.sources import SYNTHETIC_SOURCE
+from supervisor.prepare import make_run_dir
+from workers.config import ConfigError, RunConfig
+
+log = logging.getLogger("cluster")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterOptions:
+    """--ray ADDRESS (or "auto") and --ray-chunk-s: the seconds of work a chunk should last."""
+
+    address: str
+    chunk_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not self.address:
+            raise ConfigError("--ray: expected a Ray address (host:port) or 'auto', got ''")
+        if not self.chunk_s > 0:
+            raise ConfigError(f"--ray-chunk-s: expected seconds > 0, got {self.chunk_s!r}")
+
+
+def check_cluster_run(cfg: RunConfig, plan) -> None:
+    """What a cluster run cannot do, refused before Ray is joined (exit 2)."""
+    import_ray()  # RayMissing (exit 2) names the package
+    if plan.open_ended or any(item.kind == "stream" for item in plan.items):
+        raise ConfigError("--ray: a live stream or camera is one node's: run it without --ray on the node that "
+                          "reaches it")
+    if cfg.duration:
+        raise ConfigError("--ray: --duration is not supported on a cluster; give the frames as a source")
+    if cfg.frames and cfg.source != SYNTHETIC_SOURCE:
+        raise ConfigError("--ray: --frames (looping a source) is not supported on a cluster; list the files")
+
+
+def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, names, plan) -> dict:
+    """Run the plan on the cluster and write the merged run folder; returns the report (its
+    ``summary`` holds the exit code). ``given`` is the configuration before this host's automatic
+    counts were filled in: each node fills them from its own resources."""
+    units = units_of(plan, synthetic=cfg.source == SYNTHETIC_SOURCE)
+    run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
+    config = dataclasses.replace(given, name=cfg.name).as_dict()
+    cluster = run_cluster(options.address, config, units, options.chunk_s, use_gpus=cfg.devices[0] != "cpu")
+    return write_run_folder(run_dir, cluster, run_dir.rstrip("/").rsplit("/", 1)[-1], config, options.address,
+                            sum(u.frames for u in units), names) | {"run_dir": run_dir}
+
+
+def print_report(report: dict, as_json: bool) -> None:
+    summary = dict(report["summary"], run_dir=report["run_dir"])
+    if as_json:
+        print(json.dumps(summary))
+        return
+    print(f"run {summary['run_id']}: {summary['frames_in']} frames in, {summary['processed']} processed, "
+          f"{summary['failed']} failed, {summary['lost']} lost, {summary['cancelled']} cancelled")
+    fps = summary["fps"]
+    print(f"throughput  {fps:.2f} fps over the nodes' windows" if fps else "throughput  -")
+    for node in report["cluster"]["nodes"]:
+        print(f"  {node['node']:8} {node['host']:20} {node['processed']:6d} frames  "
+              f"{node['fps'] or 0:8.2f} fps  {node['status']}")
+    print(f"run folder  {summary['run_dir']}")

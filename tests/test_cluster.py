@@ -1,0 +1,232 @@
+"""Cluster runs (runner.py --ray) on ray.cluster_utils.Cluster: simulated nodes on this machine,
+one module-scoped cluster. Each test checks that nothing of ours is left: no runner, guard or
+stage process, no /dev/shm segment, no ipc folder (the nodes' TMPDIR is a private folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from workers.ipc_dirs import IPC_DIR_PREFIX
+from workers.slots import SEGMENT_PREFIX, SHM_DIR
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r requirements-ray.txt)")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = ("--imgsz", "96", "--no-progress", "--save-images", "none")
+RUN_TIMEOUT_S = 540.0
+OURS = ("runner.py", "cluster.guard", "yolo-pipeline")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head without CPUs (it takes no chunk) and two nodes: 4 CPUs, and 1 CPU whose processes
+    may run on one core only (their affinity, which its runners' worker counts follow too), so
+    on this machine's shared cores it is the slower; TMPDIR private."""
+    tmpdir = tempfile.mkdtemp(prefix="rc-", dir="/tmp")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = tmpdir
+    try:
+        made = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        made.fast = made.add_node(num_cpus=4)
+        made.slow = add_slow_node(made)
+    finally:
+        os.environ.pop("TMPDIR") if before is None else os.environ.__setitem__("TMPDIR", before)
+    made.tmpdir = tmpdir
+    yield made
+    made.shutdown()
+    subprocess.run(["rm", "-rf", tmpdir], check=False)
+
+
+def add_slow_node(cluster):
+    """A 1-CPU node whose processes inherit an affinity of one core from this one."""
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        node = cluster.add_node(num_cpus=1)
+    finally:
+        os.sched_setaffinity(0, cores)
+    cluster.wait_for_nodes()
+    return node
+
+
+def our_processes(tmpdir: str) -> list[str]:
+    """Runner, guard and stage processes started under the cluster's private TMPDIR."""
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if process.environ().get("TMPDIR") != tmpdir or process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            line = " ".join(process.cmdline())
+            if any(mark in line for mark in OURS):
+                found.append(f"{process.pid} {line[:100]}")
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def our_segments(before: set[str], tmpdir: str) -> list[str]:
+    """Segments made during the test by a runner that is gone or is ours (other sessions' live
+    runs on this machine are not ours)."""
+    left = []
+    for name in set(os.listdir(SHM_DIR)) - before:
+        if not name.startswith(SEGMENT_PREFIX):
+            continue
+        pid = int(name[len(SEGMENT_PREFIX):].split("-")[0])
+        try:
+            mine = psutil.Process(pid).environ().get("TMPDIR") == tmpdir
+        except (psutil.Error, OSError):
+            mine = True  # its runner is gone: a leak, whoever made it
+        if mine:
+            left.append(name)
+    return left
+
+
+@pytest.fixture
+def clean(cluster):
+    """After the test: none of our processes, segments or ipc folders (bounded wait: a runner
+    told SIGTERM by its guard drains first)."""
+    before = set(os.listdir(SHM_DIR))
+    work_dirs = set(os.listdir(cluster.tmpdir))  # live actors' folders: removed when the cluster ends
+    yield
+    deadline = time.monotonic() + 60
+    while (our_processes(cluster.tmpdir) or our_segments(before, cluster.tmpdir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not our_processes(cluster.tmpdir), our_processes(cluster.tmpdir)
+    assert not our_segments(before, cluster.tmpdir), our_segments(before, cluster.tmpdir)
+    left = list(Path(cluster.tmpdir).glob(f"{IPC_DIR_PREFIX}*"))
+    assert not left, f"ipc folders left: {left}"
+    orphans = [p for p in Path(cluster.tmpdir).glob("yolo-pipeline-cluster-*") if p.name not in work_dirs]
+    assert not orphans, f"a dead actor's folder left: {orphans}"
+
+
+def start_driver(cluster, results: Path, *flags: str, env: dict | None = None) -> subprocess.Popen:
+    """runner.py --ray as a terminal starts a job: its own session, Ctrl-C at its default."""
+    err = open(results.parent / "driver.stderr", "wb")
+    command = [sys.executable, str(REPO / "runner.py"), "--ray", cluster.address, "--results", str(results),
+               "--name", "run", "--json", *SMALL, *flags]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=err, env={**os.environ, **(env or {})},
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def finish(proc: subprocess.Popen, results: Path) -> tuple[int, dict, dict]:
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the driver did not finish\n" + driver_log(results)[-3000:]) from None
+    assert out.strip(), driver_log(results)[-3000:]
+    report_path = results / "run" / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+    return proc.returncode, json.loads(out), report
+
+
+def driver_log(results: Path) -> str:
+    return (results.parent / "driver.stderr").read_text(errors="replace")
+
+
+def frames_by_node(report: dict) -> dict[str, int]:
+    return {row["node"]: row["processed"] for row in report["cluster"]["nodes"]}
+
+
+def assert_ledger(report: dict, frames_in: int) -> None:
+    f = report["frames"]
+    assert f["in"] == frames_in and f["accounted"], f
+    assert f["in"] == f["processed"] + f["failed"] + f["lost"] + f["cancelled"], f
+
+
+def test_two_nodes_share_the_work_and_the_outputs_merge_under_global_ids(cluster, clean, tmp_path):
+    """Both nodes take chunks; one run folder holds every frame once under its global id, a
+    trace group per node, the cluster bound as the sum of the nodes'. (That a faster node gets
+    more frames is checked on the scheduler in test_cluster_chunks.py: live on this machine each
+    chunk pays a runner start of 15-20 s, far more than its frames' work.)"""
+    results = tmp_path / "results"
+    proc = start_driver(cluster, results, "--synthetic-count", "24", "--ray-chunk-s", "4", "--save-images", "all")
+    code, summary, report = finish(proc, results)
+    assert code == 0, driver_log(results)[-3000:]
+    assert_ledger(report, 24)
+    assert summary["processed"] == 24
+    nodes = {row["node"]: row for row in report["cluster"]["nodes"]}
+    assert all(row["processed"] > 0 for row in nodes.values()), nodes
+    images = sorted(p.name for p in (results / "run" / "images" / "synthetic").iterdir())
+    assert images == [f"{i:05d}.jpg" for i in range(24)]
+    assert report["throughput"]["fps"] and report["latency_ms"]["count"] > 0
+    assert report["bottleneck"]["bound_fps"] == pytest.approx(sum(r["bound_fps"] for r in nodes.values()))
+    trace = json.loads((results / "run" / "trace.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"]} == {1, 2}
+    assert os.readlink(results / "latest") == "run"
+
+
+def test_a_node_removed_mid_run_loses_no_frame(cluster, clean, tmp_path, fixtures_dir):
+    """The slow node is removed while its chunk runs: the chunk is run again on the other node;
+    every frame is processed once and is in detections.json once."""
+    results = tmp_path / "results"
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(12):
+        (images / f"{i:02d}-bus.jpg").symlink_to(fixtures_dir / "bus.jpg")
+    weights = str(fixtures_dir / "yolov5n.pt")
+    proc = start_driver(cluster, results, "--source", str(images), "--weights", weights, "--ray-chunk-s", "30")
+    slow_id = cluster.slow.node_id[:12]
+    deadline = time.monotonic() + RUN_TIMEOUT_S / 2
+    while f"({slow_id}): chunk" not in driver_log(results) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(3)  # its runner is starting or running
+    cluster.remove_node(cluster.slow)
+    try:
+        code, summary, report = finish(proc, results)
+    finally:
+        cluster.slow = add_slow_node(cluster)  # for the next test
+    assert code == 0, driver_log(results)[-3000:]
+    assert_ledger(report, 12)
+    assert report["frames"]["processed"] == 12 and report["frames"]["lost"] == 0
+    assert report["cluster"]["requeued"], "the removed node's chunk was run again"
+    detections = json.loads((results / "run" / "detections.json").read_text())
+    frames = {d["frame"] for d in detections}
+    assert frames == set(range(12)), sorted(frames)
+    per_frame = {(d["frame"], d["class_id"], tuple(d["box"])) for d in detections}
+    assert len(per_frame) == len(detections), "no detection twice"
+    assert {d["image"] for d in detections} == {f"{i:02d}-bus.jpg" for i in range(12)}
+    gone = [row for row in report["cluster"]["nodes"] if row["status"] != "ok"]
+    assert len(gone) == 1 and "died" in gone[0]["status"], report["cluster"]["nodes"]
+
+
+def test_ctrl_c_gives_a_partial_merged_report_and_leaves_nothing(cluster, clean, tmp_path):
+    """Ctrl-C while the nodes run: each runner drains (a partial report), frames never handed
+    out are cancelled, the ledger holds, exit code 130."""
+    results = tmp_path / "results"
+    proc = start_driver(cluster, results, "--synthetic-count", "400", "--ray-chunk-s", "60")
+    deadline = time.monotonic() + RUN_TIMEOUT_S / 2
+    while not our_processes(cluster.tmpdir) or not any("yolo-pipeline collector" in p
+                                                       for p in our_processes(cluster.tmpdir)):
+        assert time.monotonic() < deadline and proc.poll() is None, driver_log(results)[-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    code, summary, report = finish(proc, results)
+    assert code == 130, driver_log(results)[-3000:]
+    assert_ledger(report, 400)
+    assert report["frames"]["cancelled"] > 0 and summary["cancelled"] == report["frames"]["cancelled"]
+
+
+def test_without_ray_the_run_is_refused_with_exit_2(tmp_path):
+    """ray made unimportable (sys.modules['ray'] = None through sitecustomize): exit 2 naming it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
+    done = subprocess.run([sys.executable, str(REPO / "runner.py"), "--ray", "auto", "--results",
+                           str(tmp_path / "results"), "--json", "--preset", "none"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "ray" in json.loads(done.stdout)["error"] and "requirements-ray.txt" in done.stderr
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
