@@ -133,11 +133,18 @@ def test_a_run_folder_name_taken_meanwhile_is_a_usage_error_not_a_traceback(tmp_
 
 
 def test_two_runs_started_together_with_one_name_one_runs_the_other_exits_2(live, tmp_path):
+    """Both take the name when it is free: one gets the folder, the other exits 2. On a busy
+    machine one may start after the other made the folder: it then takes ``same2`` (exit 0,
+    as detect.py's exp -> exp2). Either way no traceback and no run writes into the other's."""
     runs = [live(*QUICK, name="same") for _ in range(2)]
     codes = sorted(run.wait() for run in runs)
-    assert codes == [0, 2], [run.stderr() for run in runs]
-    loser = runs[0] if "error: " in runs[0].stderr() else runs[1]
-    assert "run folder" in loser.stderr() and "Traceback" not in loser.stderr(), loser.stderr()
+    assert codes in ([0, 2], [0, 0]), [run.stderr() for run in runs]
+    assert not any("Traceback" in run.stderr() for run in runs), [run.stderr() for run in runs]
+    if codes == [0, 2]:
+        loser = runs[0] if "error: " in runs[0].stderr() else runs[1]
+        assert "run folder" in loser.stderr(), loser.stderr()
+    else:
+        assert "this run goes to" in runs[0].stderr() + runs[1].stderr(), [run.stderr() for run in runs]
     for run in runs:
         run.assert_clean()
 
