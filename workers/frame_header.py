@@ -60,8 +60,7 @@ class FrameHeader:
         """The header of a frame message from ``sent_by`` ("pre" or "infer"); ProtocolError if a
         field is missing or of the wrong type."""
         check_fields(header, _SCHEMAS[sent_by], "frame")
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in header.items() if k in names}
+        values = {k: v for k, v in header.items() if k in _FIELD_NAMES}
         values.update(pad=tuple(header["pad"]), orig_shape=tuple(header["orig_shape"]),
                       lb_shape=tuple(header["lb_shape"]), full_shape=tuple(header["full_shape"]),
                       video=VideoPlace.from_message(header.get("video")))
@@ -83,3 +82,6 @@ class FrameHeader:
         """The FAILED message for this frame."""
         return {"type": FAILED, "id": self.id, "name": self.name, "stage": stage, "worker": worker, "reason": reason,
                 "cycle": self.cycle, "video": self.video_message()}
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(FrameHeader))  # once, not per frame
