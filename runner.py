@@ -178,9 +178,11 @@ def flag_named(message: str, flags: dict) -> str:
     return message
 
 
-def prepare(cfg, download_dir: str):
+def prepare(cfg, download_dir: str, probe_backends: bool = True):
     """The resolved configuration, machine, class names and frame plan; ConfigError names what is bad.
-    A ``--name`` that is taken becomes name2, name3, ... unless ``--exist-ok``, as in detect.py."""
+    A ``--name`` that is taken becomes name2, name3, ... unless ``--exist-ok``, as in detect.py.
+    ``probe_backends``: time the forwards for the backend lever (not for a sweep or a Ray driver,
+    which run no pipeline of their own here: the probe's seconds would be spent for no report)."""
     from supervisor.forward_probe import probe_forwards
     from supervisor.prepare import check_results_dir, free_run_name, plan_source, prepare_backend, resolve
     cfg, machine, names = resolve(cfg)
@@ -192,7 +194,7 @@ def prepare(cfg, download_dir: str):
         cfg = dataclasses.replace(cfg, name=name)
     plan = plan_source(cfg, download_dir)
     prepare_backend(cfg)
-    probe = probe_forwards(cfg, plan)  # the --backend openvino lever's measurement, where it applies
+    probe = probe_forwards(cfg, plan) if probe_backends else None  # the --backend openvino lever's measurement
     if probe is not None:
         machine = dataclasses.replace(machine, forward_probe=probe.as_dict())
     return cfg, machine, names, plan
@@ -228,7 +230,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
         if ray_flags["ray"] is not None:
             return run_on_ray(given, ray_flags, sweep is not None, overrides, as_json)
         start_fork_server()  # torch imports there while the rest is checked here
-        cfg, machine, names, plan = prepare(cfg, download_dir)
+        cfg, machine, names, plan = prepare(cfg, download_dir, probe_backends=sweep is None)
     except (ConfigError, ValueError) as exc:
         stop_helper_processes(wait=False)
         return usage_failed(flag_named(str(exc), overrides), as_json)
@@ -264,7 +266,8 @@ def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bo
         if sweep:
             raise ConfigError("--ray: --sweep tunes one machine; run it on a node without --ray")
         options = ClusterOptions(ray_flags["ray"], ray_flags["ray_chunk_s"] or ClusterOptions.chunk_s)
-        cfg, _machine, names, plan = prepare(given, download_dir="")  # a video URL stays a URL for every node
+        # download_dir "": a video URL stays a URL for every node
+        cfg, _machine, names, plan = prepare(given, download_dir="", probe_backends=False)
         check_cluster_run(cfg, plan)
     except (ConfigError, ValueError, RayMissing) as exc:
         return usage_failed(flag_named(str(exc), overrides), as_json)
