@@ -3,7 +3,10 @@ the run: the count, sum, min and max are exact; the values kept for percentiles 
 up to ``RESERVOIR_SIZE``, then a uniform random sample of that size (reservoir sampling,
 Vitter's algorithm R), so percentiles of a long run are estimates with exact extremes.
 
-Workers build one per series and send ``to_dict()``; the report reads them back with
+Workers build one per series and send ``to_dict()``, whose kept values are packed little-endian
+float64 bytes: a worker's summary holds up to RESERVOIR_SIZE values per series, and the collector
+holds every worker's summary, so 8 bytes a value there rather than a Python float's 32 (a list
+slot and the float) keeps its memory flat per frame. The report reads them back with
 ``as_samples``, which also takes a plain list of floats."""
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from analysis.stats import SUMMARY_PERCENTILES, percentiles
+from yolo.module_stats import pack_values, unpack_values
 
 RESERVOIR_SIZE = 20_000  # values kept for percentiles: 160 kB per series
 SAMPLES_KEYS = ("count", "sum", "min", "max", "values")
@@ -106,10 +110,11 @@ class Samples:
         return {"count": self.count, "mean": self.mean, **self.percentiles(), "max": self.max, "min": self.min}
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for msgpack or JSON; min and max are None when empty."""
+        """Plain data for msgpack, the kept values packed (see the module's docstring); min and max
+        are None when empty."""
         empty = self.count == 0
         return {"count": self.count, "sum": self.sum, "min": None if empty else self.min,
-                "max": None if empty else self.max, "values": self._values.tolist()}
+                "max": None if empty else self.max, "values": pack_values(self._values)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Samples:
@@ -117,10 +122,12 @@ class Samples:
         if missing:
             raise ValueError(f"Samples.from_dict: expected keys {list(SAMPLES_KEYS)}, got none for {missing}")
         values = d["values"]
+        if isinstance(values, (bytes, bytearray, memoryview)):
+            values = unpack_values(values)
         if not 0 <= len(values) <= d["count"]:
             raise ValueError(f"Samples.from_dict: expected at most count={d['count']} values, got {len(values)}")
         samples = cls(capacity=max(RESERVOIR_SIZE, len(values)))
-        samples._values = array("d", map(float, values))
+        samples._values = array("d", values.tobytes()) if isinstance(values, np.ndarray) else array("d", map(float, values))
         samples.count = int(d["count"])
         samples.sum = float(d["sum"])
         if samples.count:

@@ -12,37 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 
-from analysis.atomic import write_bytes_atomic
+from analysis.atomic import PARTIAL_LIST, whole_records, write_bytes_atomic
 
 log = logging.getLogger("runner")
-
-PARTIAL_LIST = re.compile(r"^\.(detections\.json|predictions\.json)\.\d+\.[0-9a-f]+\.partial$")
-
-
-def whole_records(text: str) -> list:
-    """The records of a JSON list file cut short: every line that parses, up to the first that does not."""
-    return [record for record, _ in whole_records_with_ends(text.encode("utf-8", "surrogateescape"))]
-
-
-def whole_records_with_ends(data: bytes) -> list[tuple[object, int]]:
-    """Each whole record of a JSON list file cut short, with the byte offset just past it (its
-    comma left out): where a writer that goes on appending cuts the file (workers.collector_journal)."""
-    found = []
-    lines = data.split(b"\n")
-    start = len(lines[0]) + 1  # the first line is "["
-    for line in lines[1:]:
-        body = line.strip().removesuffix(b",")
-        if body == b"]":
-            break
-        try:
-            found.append((json.loads(body), start + len(line.rstrip().removesuffix(b","))))
-        except ValueError:  # the record being written when the writer died
-            break
-        start += len(line) + 1
-    return found
-
 
 def salvage_lists(run_dir: str) -> dict[str, int]:
     """{file name: records} of every list file made valid from a dead writer's partial file."""

@@ -31,17 +31,38 @@ def test_add_and_extend_agree():
     assert one.to_dict() == Samples(SMALL).to_dict()
 
 
-def test_round_trip_through_json_and_msgpack():
+def test_round_trip_through_msgpack_with_the_values_packed():
     s = Samples(SMALL)
-    for encode, decode in ((json.dumps, json.loads), (msgpack.packb, msgpack.unpackb)):
-        back = Samples.from_dict(decode(encode(s.to_dict())))
-        assert back.to_dict() == s.to_dict()
-        assert back.summary() == s.summary()
+    back = Samples.from_dict(msgpack.unpackb(msgpack.packb(s.to_dict())))
+    assert back.to_dict() == s.to_dict()
+    assert back.summary() == s.summary()
+    assert isinstance(s.to_dict()["values"], bytes)
+
+
+def test_values_as_a_plain_list_read_the_same():
+    """A JSON copy (the values as a list, as older workers sent them) gives the same series."""
+    s = Samples(SMALL)
+    as_list = {**s.to_dict(), "values": s.values.tolist()}
+    back = Samples.from_dict(json.loads(json.dumps(as_list)))
+    assert back.to_dict() == s.to_dict() and back.summary() == s.summary()
+
+
+def test_a_summary_costs_eight_bytes_a_value_on_the_wire_and_in_the_receiver():
+    """The collector holds every worker's summary: up to RESERVOIR_SIZE values per series each."""
+    s = Samples(float(i) / 7 for i in range(5000))
+    received = msgpack.unpackb(msgpack.packb(s.to_dict()))
+    assert len(received["values"]) == 8 * 5000
+    assert len(msgpack.packb(s.to_dict())) < 8 * 5000 + 64
+
+
+def test_packed_values_of_a_broken_length_are_refused():
+    with pytest.raises(ValueError, match="multiple of 8 bytes, got 7"):
+        Samples.from_dict({"count": 1, "sum": 1.0, "min": 1.0, "max": 1.0, "values": b"1234567"})
 
 
 def test_empty_series():
     s = Samples()
-    assert s.to_dict() == {"count": 0, "sum": 0.0, "min": None, "max": None, "values": []}
+    assert s.to_dict() == {"count": 0, "sum": 0.0, "min": None, "max": None, "values": b""}
     assert s.mean == 0.0 and s.summary()["count"] == 0 and s.summary()["p99"] == 0.0
     assert Samples.from_dict(s.to_dict()).count == 0
 
@@ -80,7 +101,7 @@ def test_memory_stays_flat_over_a_million_adds():
         tracemalloc.stop()
     assert s.count == RESERVOIR_SIZE + 1_000_000 and s.values.size == RESERVOIR_SIZE
     assert after - before < 10_000 and peak - before < 10_000  # bytes: nothing grows with the adds
-    assert len(s.to_dict()["values"]) == RESERVOIR_SIZE
+    assert len(s.to_dict()["values"]) == 8 * RESERVOIR_SIZE  # packed float64
 
 
 def test_merge_is_exact_while_everything_fits():

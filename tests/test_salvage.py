@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
-from analysis.atomic import JsonListFile
-from supervisor.salvage import whole_records
+from analysis.atomic import JsonListFile, whole_records
+from analysis.samples import Samples
 from tests.live_run import SMALL_RUN
 from workers.collector_journal import JOURNAL_NAME, Journal, frame_row, reload
 from workers.ledger import FRAME_TIMES
@@ -59,6 +59,23 @@ def test_a_restarted_collector_keeps_the_frames_whose_records_its_files_hold_who
     Journal(str(tmp_path), log, reloaded.journal_end).close()
     assert not (tmp_path / JOURNAL_NAME).exists()
     predictions.abandon()
+
+
+def test_a_worker_summary_with_packed_values_comes_back_from_the_journal_as_it_was_sent(tmp_path):
+    """A summary's Samples travel as packed bytes (8 a value); the journal line holds them as
+    base64, with a NaN elsewhere in the summary too, and the reload gives the same bytes back."""
+    log = __import__("logging").getLogger("test")
+    frame_ms = Samples([1.5, 2.25, 40.0]).to_dict()
+    stats = {"name": "pre-0", "incarnation": 0, "frame_ms": frame_ms, "substages_ms": {"read": frame_ms},
+             "cpu_s": float("nan")}
+    journal = Journal(str(tmp_path), log)
+    journal.stats(stats)
+    journal.flush()
+    (entry,) = reload(str(tmp_path)).entries
+    assert entry["stats"]["frame_ms"] == frame_ms and entry["stats"]["substages_ms"]["read"] == frame_ms
+    assert Samples.from_dict(entry["stats"]["frame_ms"]).summary() == Samples([1.5, 2.25, 40.0]).summary()
+    assert entry["stats"]["cpu_s"] is None  # what the report writes for NaN
+    journal.close()
 
 
 @pytest.mark.slow

@@ -15,17 +15,19 @@ postprocess worker sends its last results again (workers.postprocess.SentResults
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 from dataclasses import dataclass
 
-from supervisor.salvage import PARTIAL_LIST, whole_records_with_ends
+from analysis.atomic import PARTIAL_LIST, whole_records_with_ends
 from workers.ledger import FRAME_TIMES
 
 JOURNAL_NAME = ".collector-journal.partial"  # in the run folder, next to the lists it vouches for
 LISTS = ("detections.json", "predictions.json")
 FAILURE_KEYS = ("id", "name", "stage", "worker", "reason")
+PACKED_KEY = "base64"  # a summary's packed Samples values (bytes) in a JSON line: {"base64": "..."}
 BATCH_LINES = 32  # lines written together at most: a death loses at most these, and postprocess sends them again
 
 
@@ -91,6 +93,7 @@ class Journal:
     def _write(self, entry: dict) -> None:
         if self._fd is None:
             return
+        entry = _with_bytes_as_text(entry)
         try:
             try:
                 self._pending.append(json.dumps(entry, allow_nan=False))
@@ -163,6 +166,23 @@ def frame_row(line: list) -> dict:
             "detections": found}
 
 
+def _with_bytes_as_text(value):
+    """``value`` with a worker summary's packed values (analysis.samples.pack_values) as base64 text."""
+    if isinstance(value, dict):
+        return {k: _with_bytes_as_text(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_with_bytes_as_text(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return {PACKED_KEY: base64.b64encode(value).decode("ascii")}
+    return value
+
+
+def _bytes_from_json(obj: dict):
+    if len(obj) == 1 and isinstance(obj.get(PACKED_KEY), str):
+        return base64.b64decode(obj[PACKED_KEY])
+    return obj
+
+
 def _journal_lines(data: bytes) -> list[tuple[dict, int]]:
     """(entry, byte offset past its line) of each whole line, up to the first that is not."""
     entries, start = [], 0
@@ -171,7 +191,7 @@ def _journal_lines(data: bytes) -> list[tuple[dict, int]]:
         if end < 0:
             return entries  # the line being written when the collector died
         try:
-            entry = json.loads(data[start:end])
+            entry = json.loads(data[start:end], object_hook=_bytes_from_json)
         except ValueError:
             return entries
         if not isinstance(entry, dict):

@@ -6,8 +6,9 @@ per-module rows; a residual row holds the forward time outside every outermost t
 the outermost rows' shares plus the residual's sum to 1.
 
 A series of times is either every value (a list or array), or a summary of a long series as a
-compact ``{"count", "sum", "values"}`` dict (``values`` a uniform sample, for percentiles), so a
-long run's process memory stays flat: counts and totals stay exact either way.
+compact ``{"count", "sum", "values"}`` dict (``values`` a uniform sample, for percentiles, as a
+list or packed by ``pack_values``), so a long run's process memory stays flat: counts and totals
+stay exact either way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,21 @@ from typing import Any, Iterable
 import numpy as np
 
 RESIDUAL_NAME = "(outside timed modules)"
+PACKED_VALUES = "<f8"  # the one byte order on every host of a cluster
+
+
+def pack_values(values) -> bytes:
+    """Float64 values (an array.array("d"), a numpy array, a list) as PACKED_VALUES bytes: 8 bytes
+    a value in a message and in its receiver's memory, where a list of Python floats takes 32."""
+    return np.asarray(values, dtype=np.float64).astype(PACKED_VALUES, copy=False).tobytes()
+
+
+def unpack_values(packed: bytes) -> np.ndarray:
+    """``pack_values``'s bytes back as native float64; a length that is no whole number of
+    values is refused."""
+    if len(packed) % 8:
+        raise ValueError(f"packed values must be a multiple of 8 bytes, got {len(packed)}")
+    return np.frombuffer(packed, dtype=PACKED_VALUES).astype(np.float64)
 
 
 @dataclass(frozen=True)
@@ -49,7 +65,8 @@ class _Series:
     @classmethod
     def of(cls, series: Any) -> _Series:
         if isinstance(series, dict):
-            values = np.asarray(series.get("values", ()), dtype=np.float64)
+            values = series.get("values", ())
+            values = unpack_values(values) if isinstance(values, bytes) else np.asarray(values, dtype=np.float64)
             return cls(int(series["count"]), float(series["sum"]), values)
         values = np.asarray(series, dtype=np.float64)
         return cls(int(values.size), float(values.sum()), values)
