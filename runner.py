@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from supervisor.run import Outcome
 
 SWEEP_FLAGS = ("sweep", "sweep_budget_s", "save_config")
-RAY_FLAGS = ("ray", "ray_chunk_s")
+RAY_FLAGS = ("ray", "ray_lead_s")
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.toml")
 
@@ -163,8 +163,8 @@ def build_parser(json_errors: bool = False) -> Parser:
     add("--save-config", help="with --sweep: write the best settings to this file, for --config")
     p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: one pipeline per node, work balanced by "
                    "speed, one merged run folder; ADDRESS is host:port or 'auto' (see docs/cluster.md)")
-    p.add_argument("--ray-chunk-s", type=float, help="with --ray: seconds of work per chunk handed to a node "
-                   "(default 20; each chunk pays one runner start)")
+    p.add_argument("--ray-lead-s", type=float, help="with --ray: seconds of a node's work its feed holds beyond "
+                   "what its pipeline has in flight (default 1; more evens out a jittery node, less ends closer)")
     return p
 
 
@@ -265,7 +265,7 @@ def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bo
     try:
         if sweep:
             raise ConfigError("--ray: --sweep tunes one machine; run it on a node without --ray")
-        options = ClusterOptions(ray_flags["ray"], ray_flags["ray_chunk_s"] or ClusterOptions.chunk_s)
+        options = ClusterOptions(ray_flags["ray"], ray_flags["ray_lead_s"] or ClusterOptions.lead_s)
         # download_dir "": a video URL stays a URL for every node
         cfg, _machine, names, plan = prepare(given, download_dir="", probe_backends=False)
         check_cluster_run(cfg, plan)

@@ -189,7 +189,8 @@ def frames_report(run: RunData, measured: int) -> dict:
             "accounted": run.frames_in == len(run.frames) + len(run.failed) + len(run.cancelled),
             "duplicates_dropped": run.duplicates,
             "failures": run.failed, "cancelled_frames": run.cancelled[:LISTED_CANCELLED],
-            "cancelled_ids": id_ranges(c["id"] for c in run.cancelled)}
+            "cancelled_ids": id_ranges(c["id"] for c in run.cancelled),
+            "processed_ids": id_ranges(f["id"] for f in run.frames)}  # what a cluster's merge maps back
 
 
 def id_ranges(ids) -> list[list[int]]:

@@ -1,8 +1,9 @@
 """``python runner.py --ray ADDRESS``: check what a cluster run can do, run it, merge, print.
 
 Sources: a finite list of frames visible to every node (files, folders, globs and lists on
-storage every node mounts at the same path, or URLs), cut into chunks; synthetic frames, each
-chunk its own global ids. A live stream is one node's: refused here (run it without --ray).
+storage every node mounts at the same path, or URLs), fed to the nodes unit by unit; synthetic
+frames, each with its own global id and scene. A live stream is one node's: refused here (run it
+without --ray).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import json
 import logging
 
-from cluster.chunks import units_of
+from cluster.work import units_of
 from cluster.driver import import_ray, run_cluster
 from cluster.report import write_run_folder
 from inputs.sources import SYNTHETIC_SOURCE
@@ -23,16 +24,17 @@ log = logging.getLogger("cluster")
 
 @dataclasses.dataclass(frozen=True)
 class ClusterOptions:
-    """--ray ADDRESS (or "auto") and --ray-chunk-s: the seconds of work a chunk should last."""
+    """--ray ADDRESS (or "auto") and --ray-lead-s: the seconds of its work a node's feed holds
+    beyond what its pipeline has in flight."""
 
     address: str
-    chunk_s: float = 20.0
+    lead_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.address:
             raise ConfigError("--ray: expected a Ray address (host:port) or 'auto', got ''")
-        if not self.chunk_s > 0:
-            raise ConfigError(f"--ray-chunk-s: expected seconds > 0, got {self.chunk_s!r}")
+        if not self.lead_s > 0:
+            raise ConfigError(f"--ray-lead-s: expected seconds > 0, got {self.lead_s!r}")
 
 
 def check_cluster_run(cfg: RunConfig, plan) -> None:
@@ -54,7 +56,7 @@ def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, na
     units = units_of(plan, synthetic=cfg.source == SYNTHETIC_SOURCE)
     run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
     config = dataclasses.replace(given, name=cfg.name).as_dict()
-    cluster = run_cluster(options.address, config, units, options.chunk_s, use_gpus=cfg.devices[0] != "cpu")
+    cluster = run_cluster(options.address, config, units, options.lead_s, use_gpus=cfg.devices[0] != "cpu")
     return write_run_folder(run_dir, cluster, run_dir.rstrip("/").rsplit("/", 1)[-1], config, options.address,
                             sum(u.frames for u in units), names) | {"run_dir": run_dir}
 

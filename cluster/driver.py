@@ -1,28 +1,36 @@
 """The driver of a cluster run (in the runner's process): connects to Ray, places one
-``NodeRunner`` actor per alive node, and hands out chunks to whichever node is ready.
+``NodeRunner`` actor per alive node, starts a runner on each, and keeps each node's feed its
+pipeline's depth plus ``lead_s`` seconds of its work ahead of what it finished.
 
-Faults: a chunk whose actor or node died comes back to the queue whole (its partial outputs
-never left the dead node) and goes to another node; with no node left, what remains is lost,
-with the reason. Ctrl-C (or SIGTERM): every node's current runner gets SIGINT and drains (a
-partial report), nothing more is handed out (those frames are cancelled); a second Ctrl-C is
-passed on too, and the runner kills its pipeline.
+A node that goes faster finishes its feed sooner and so is given more; when the queue is empty
+every feed is ended, and each runner finishes what it holds and sends its outputs back.
+
+Faults: a node whose actor died (the node with it) gives back every unit of its current run (its
+outputs never left the node), and they go first to the other nodes; an idle node starts a new
+runner for them. A runner that aborted keeps what its report accounts for, and what it never read
+goes back. With no node left, what remains is lost, with the reason. Ctrl-C (or SIGTERM): every
+runner gets SIGINT and drains (a partial report); nothing more is fed (those frames are
+cancelled); a second Ctrl-C is passed on too, and the runners kill their pipelines.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import signal
 import time
 from dataclasses import dataclass, field
 
-from cluster.chunks import Chunk, Unit, WorkQueue
 from cluster.node import REPO_ROOT, NodeRunner
+from cluster.work import Unit, WorkQueue, lead_frames, pipeline_depth
 
 log = logging.getLogger("cluster")
 
-WAIT_POLL_S = 1.0  # ray.wait's timeout: how often the loop looks at signals and dead nodes
-DRAIN_TIMEOUT_S = 120.0  # after Ctrl-C, the longest wait for the nodes' partial reports
+POLL_S = 0.25  # how often the feeds are topped up and the runners looked at
+CALL_TIMEOUT_S = 60.0  # an actor that does not answer a quick call in this long is taken as gone
 ACTOR_START_TIMEOUT_S = 120.0
+IDLE, RUNNING, FINISHING = "idle", "running", "finishing"
 
 
 class RayMissing(RuntimeError):
@@ -34,8 +42,22 @@ class Interrupted(Exception):
 
 
 @dataclass
+class NodeRun:
+    """A runner on a node, the units fed to it, and what came back (``result``)."""
+
+    node: Node
+    index: int
+    units: list[Unit] = field(default_factory=list)
+    result: dict | None = None
+
+    def global_id(self, local: int) -> int:
+        ids = self.result["ids"]
+        return ids[local % len(ids)][local // len(ids)]
+
+
+@dataclass
 class Node:
-    """One node of the cluster and its actor; ``gone`` says why it takes no more chunks."""
+    """One node of the cluster and its actor; ``gone`` says why it takes no more work."""
 
     index: int
     node_id: str
@@ -45,9 +67,13 @@ class Node:
     actor: object = None
     host: str = ""
     gone: str = ""
-    fps: float | None = None  # frames per second of its pipeline, measured on its chunks
-    busy_s: float = 0.0
-    processed: int = 0
+    config: dict = field(default_factory=dict)
+    state: str = IDLE
+    run: NodeRun | None = None
+    finish_ref: object = None
+    fps: float | None = None  # frames per second of its current runner, measured on what it finished
+    first_done: tuple[float, int] | None = None
+    runs: int = 0
 
     @property
     def label(self) -> str:
@@ -55,21 +81,11 @@ class Node:
 
 
 @dataclass
-class ChunkRun:
-    """A chunk handed to a node, and what came back (``result``) or why nothing did (``lost``)."""
-
-    chunk: Chunk
-    node: Node
-    result: dict | None = None
-    lost: str = ""
-
-
-@dataclass
 class ClusterRun:
-    """Everything the merge needs: the nodes, each chunk run, and the units never run."""
+    """Everything the merge needs: the nodes, each runner's run, and the units never run."""
 
     nodes: list[Node]
-    runs: list[ChunkRun] = field(default_factory=list)
+    runs: list[NodeRun] = field(default_factory=list)
     lost: list[tuple[Unit, str]] = field(default_factory=list)
     cancelled: list[Unit] = field(default_factory=list)
     interrupted_by: int = 0  # the signal that stopped the run, or 0
@@ -94,7 +110,7 @@ def connect(ray, address: str) -> None:
              logging_level=logging.WARNING, configure_logging=False)
 
 
-def place_nodes(ray, use_gpus: bool) -> list[Node]:
+def place_nodes(ray, use_gpus: bool, config: dict) -> list[Node]:
     """One actor on each alive node that has a CPU, pinned there, sized from its resources."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     found = sorted((n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1),
@@ -103,6 +119,7 @@ def place_nodes(ray, use_gpus: bool) -> list[Node]:
     for index, info in enumerate(found):
         gpus = int(info["Resources"].get("GPU", 0)) if use_gpus else 0
         node = Node(index, info["NodeID"], info.get("NodeManagerAddress", ""), int(info["Resources"]["CPU"]), gpus)
+        node.config = node_config(config, node)
         strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
         # num_cpus=0: the actor only waits on its runner; the runner's processes use the node's cores.
         node.actor = ray.remote(NodeRunner).options(num_cpus=0, num_gpus=gpus, scheduling_strategy=strategy,
@@ -118,138 +135,203 @@ def node_config(config: dict, node: Node) -> dict:
     not this host's; with GPUs, one inference process per GPU Ray gave the actor."""
     sized = dict(config)
     for key in ("workers", "pre_workers", "post_workers"):
-        sized[key] = sized[key] or node.cpus
+        sized[key] = sized[key] or sized["workers"] or node.cpus
     if not sized["infer_workers"]:
         sized["infer_workers"] = node.gpus if node.gpus and sized["device"] != "cpu" else node.cpus
     return sized
 
 
 class Dispatcher:
-    """The loop: hand a chunk to each idle node, wait for any chunk, account for it, repeat."""
+    """The loop: start runners on idle nodes, top up the running ones' feeds, end the feeds when
+    the queue is empty, collect what each runner sends back."""
 
-    def __init__(self, ray, nodes: list[Node], queue: WorkQueue, config: dict):
-        self.ray, self.nodes, self.queue, self.config = ray, nodes, queue, config
-        self.in_flight: dict = {}  # ObjectRef -> ChunkRun
+    def __init__(self, ray, nodes: list[Node], queue: WorkQueue, lead_s: float):
+        self.ray, self.nodes, self.queue, self.lead_s = ray, nodes, queue, lead_s
         self.run = ClusterRun(nodes)
         self.stopping = 0  # Ctrl-Cs seen
 
-    def alive(self) -> list[Node]:
-        return [n for n in self.nodes if not n.gone]
-
-    def share(self, node: Node) -> float:
-        """``node``'s part of the alive nodes' speed; an unmeasured node counts as their mean."""
-        alive = self.alive()
-        known = [n.fps for n in alive if n.fps]
-        mean = sum(known) / len(known) if known else 1.0
-        speed = {n.index: n.fps or mean for n in alive}
-        return speed[node.index] / sum(speed.values())
-
-    def hand_out(self) -> None:
-        busy = {r.node.index for r in self.in_flight.values()}
-        for node in self.alive():
-            if node.index in busy or not self.queue or self.stopping:
-                continue
-            chunk = self.queue.take(node.fps, self.share(node))
-            synthetic = chunk.frames if chunk.synthetic else 0
-            ref = node.actor.run_chunk.remote(chunk.index, node_config(self.config, node), chunk.list_text(), synthetic)
-            self.in_flight[ref] = ChunkRun(chunk, node)
-            log.info("%s (%s): chunk %d, frames %d..%d", node.label, node.node_id[:12], chunk.index, chunk.first_id,
-                     chunk.first_id + chunk.frames - 1)
+    def alive(self, state: str | None = None) -> list[Node]:
+        return [n for n in self.nodes if not n.gone and (state is None or n.state == state)]
 
     def loop(self) -> ClusterRun:
         while True:
             try:
-                self.hand_out()
-                if not self.in_flight:
+                self.step()
+                if not self.alive(RUNNING) and not self.alive(FINISHING) and (
+                        not self.queue or self.stopping or not self.alive()):
                     break
-                ready, _ = self.ray.wait(list(self.in_flight), num_returns=1, timeout=WAIT_POLL_S)
-                for ref in ready:
-                    self.collect(ref)
+                self.wait_for_finishers()
             except (KeyboardInterrupt, Interrupted) as exc:
                 self.stop(signal.SIGTERM if isinstance(exc, Interrupted) else signal.SIGINT)
-        self.finish()
+        self.close_nodes()
         return self.run
 
-    def collect(self, ref) -> None:
-        run = self.in_flight.pop(ref)
+    def step(self) -> None:
+        if self.queue and not self.stopping:
+            for node in self.alive(IDLE):
+                self.start_runner(node)
+        for node in self.alive(RUNNING):
+            self.top_up(node)
+        if not self.queue or self.stopping:
+            for node in self.alive(RUNNING):
+                self.end_feed(node)
+
+    def start_runner(self, node: Node) -> None:
+        node.run = NodeRun(node, node.runs)
+        node.runs += 1
+        node.fps, node.first_done = None, None
+        node.state = RUNNING  # first: a Ctrl-C during the call still stops the runner it may have started
+        try:
+            self.ray.get(node.actor.start.remote(node.config, node.config["pre_workers"]), timeout=CALL_TIMEOUT_S)
+        except self.ray.exceptions.RayError as exc:
+            self.node_gone(node, _ray_reason(self.ray, exc))
+            return
+        log.info("%s (%s): runner %d started", node.label, node.node_id[:12], node.run.index)
+
+    def top_up(self, node: Node) -> None:
+        """Feed ``node`` up to its lead; a runner that exited on its own is collected."""
+        try:
+            progress = self.ray.get(node.actor.progress.remote(), timeout=CALL_TIMEOUT_S)
+        except self.ray.exceptions.RayError as exc:
+            self.node_gone(node, _ray_reason(self.ray, exc))
+            return
+        if progress["exit_code"] is not None:
+            self.end_feed(node)
+            return
+        self.measure(node, progress["done"])
+        want = lead_frames(node.fps, pipeline_depth(node.config), node.config["pre_workers"], self.lead_s)
+        short = want - (progress["fed"] - progress["done"])
+        if short <= 0 or not self.queue or self.stopping:
+            return
+        units = self.queue.take(short)
+        node.run.units += units  # first: whatever happens to the call, they are the run's to account for
+        try:
+            self.ray.get(node.actor.feed.remote([(list(u.ids), dataclasses.asdict(u.entry())) for u in units]),
+                         timeout=CALL_TIMEOUT_S)
+        except self.ray.exceptions.RayError as exc:
+            self.node_gone(node, _ray_reason(self.ray, exc))
+
+    def measure(self, node: Node, done: int) -> None:
+        """The node's speed: frames finished per second since its first finished frame."""
+        now = time.monotonic()
+        if node.first_done is None:
+            if done:
+                node.first_done = (now, done)
+            return
+        since, first = node.first_done
+        if now - since >= 1.0 and done > first:
+            node.fps = (done - first) / (now - since)
+
+    def end_feed(self, node: Node) -> None:
+        node.finish_ref = node.actor.finish.remote()
+        node.state = FINISHING
+
+    def wait_for_finishers(self) -> None:
+        refs = {n.finish_ref: n for n in self.alive(FINISHING)}
+        if not refs:
+            time.sleep(POLL_S)
+            return
+        ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
+        for ref in ready:
+            self.collect(refs[ref], ref)
+
+    def collect(self, node: Node, ref) -> None:
+        run, node.state, node.finish_ref = node.run, IDLE, None
         try:
             run.result = self.ray.get(ref)
-        except self.ray.exceptions.RayActorError as exc:
-            self.node_gone(run, f"its actor died ({type(exc).__name__})")
-            return
         except self.ray.exceptions.RayError as exc:
-            self.node_gone(run, f"Ray failed the chunk ({type(exc).__name__}: {str(exc).splitlines()[0]})")
+            self.node_gone(node, _ray_reason(self.ray, exc))
             return
-        code = run.result["exit_code"]
-        if code == 2 or (code != 0 and "report.json" not in run.result["files"] and not self.stopping):
-            self.node_gone(run, f"its runner exited with code {code} without a report: "
-                                f"{run.result['stderr_tail'].strip().splitlines()[-1:] or ''}")
+        node.run = None
+        if run.result is None:
+            return  # no runner had started (a Ctrl-C during its start)
+        code, files = run.result["exit_code"], run.result["files"]
+        if code == 2 or (code != 0 and "report.json" not in files and not self.stopping):
+            node.run = run  # its units go back whole
+            tail = run.result["stderr_tail"].strip().splitlines()[-1:]
+            self.node_gone(node, f"its runner exited with code {code} without a report: {tail or ''}")
             return
         self.run.runs.append(run)
-        self.measure(run)
+        unread = unaccounted(run) if "report.json" in files else []  # else the ledger counts them all
+        if unread:
+            if self.stopping:
+                self.run.cancelled += unread
+            else:
+                self.requeue(node, unread, f"its runner exited with code {code} before reading them")
         if code == 1:
-            run.node.gone = f"its pipeline aborted: {_reason(run.result)}"
-            log.error("%s: %s", run.node.label, run.node.gone)
+            node.gone = f"its pipeline aborted: {_reason(run.result)}"
+            log.error("%s: %s", node.label, node.gone)
 
-    def measure(self, run: ChunkRun) -> None:
-        """The node's speed from its chunks' own figures: frames over the runner's wall time,
-        start-up excluded (the chunk size already pays for that once)."""
-        import json
-        report = json.loads(run.result["files"].get("report.json", b"{}") or b"{}")
-        wall = (report.get("throughput") or {}).get("wall_s") or 0.0
-        processed = (report.get("frames") or {}).get("processed", 0)
-        run.node.busy_s += wall
-        run.node.processed += processed
-        if run.node.busy_s > 0 and run.node.processed:
-            run.node.fps = run.node.processed / run.node.busy_s
-
-    def node_gone(self, run: ChunkRun, reason: str) -> None:
-        """The chunk goes back to the queue whole; its node takes no more work."""
-        run.node.gone = reason
-        log.warning("%s: %s; chunk %d (%d frames) goes to another node", run.node.label, reason, run.chunk.index,
-                    run.chunk.frames)
-        self.run.requeued.append({"chunk": run.chunk.index, "node": run.node.label, "frames": run.chunk.frames,
-                                  "reason": reason})
-        self.queue.hand_back(run.chunk)
-        if not self.alive():
+    def node_gone(self, node: Node, reason: str) -> None:
+        """Its current run's units go back to the queue (or are cancelled while stopping)."""
+        node.gone, node.state = reason, IDLE
+        run, node.run = node.run, None
+        log.warning("%s: %s", node.label, reason)
+        if run is not None and run.units:
+            if self.stopping:
+                self.run.cancelled += run.units
+            else:
+                self.requeue(node, run.units, reason)
+        if not self.alive() and self.queue:
             reason = "no node left: " + "; ".join(f"{n.label} {n.gone}" for n in self.nodes)
             self.run.lost += [(u, reason) for u in self.queue.drain()]
 
+    def requeue(self, node: Node, units: list[Unit], reason: str) -> None:
+        frames = sum(u.frames for u in units)
+        log.warning("%s: %d frames go to another node", node.label, frames)
+        self.run.requeued.append({"node": node.label, "frames": frames, "reason": reason})
+        self.queue.hand_back(units)
+
     def stop(self, sig: int) -> None:
-        """Ctrl-C or SIGTERM: pass SIGINT to each running chunk (twice: the runner kills)."""
+        """Ctrl-C or SIGTERM: SIGINT to each runner (twice: the runner kills); nothing more is fed."""
         self.stopping += 1
         self.run.interrupted_by = self.run.interrupted_by or sig
-        log.warning("interrupted: the nodes drain their chunks%s", " (again: they stop now)" if self.stopping > 1 else
-                    "; Ctrl-C again to stop them at once")
-        for run in self.in_flight.values():
+        log.warning("interrupted: the nodes drain their pipelines%s",
+                    " (again: they stop now)" if self.stopping > 1 else "; Ctrl-C again to stop them at once")
+        for node in self.alive(RUNNING) + self.alive(FINISHING):
             try:
-                run.node.actor.interrupt.remote()
-            except Exception:  # an actor already gone answers through its chunk's result
+                node.actor.interrupt.remote()
+            except Exception:  # an actor already gone answers through its finish
                 pass
-        if self.stopping == 1:
-            self.run.cancelled += self.queue.drain()
-
-    def finish(self) -> None:
-        """Chunks handed back while stopping were never run: cancelled. Each node's temporary
-        folder goes."""
         self.run.cancelled += self.queue.drain()
-        for node in self.nodes:
-            if not node.gone:
-                try:
-                    self.ray.get(node.actor.close.remote(), timeout=30)
-                except Exception as exc:  # the run is done; its node's temporary folder stays
-                    log.warning("%s: could not remove its temporary folder (%s)", node.label, exc)
+
+    def close_nodes(self) -> None:
+        """Units never fed are cancelled; each node's temporary folder goes."""
+        self.run.cancelled += self.queue.drain()
+        for node in self.alive():
+            try:
+                self.ray.get(node.actor.close.remote(), timeout=30)
+            except Exception as exc:  # the run is done; its node's temporary folder stays
+                log.warning("%s: could not remove its temporary folder (%s)", node.label, exc)
+
+
+def unaccounted(run: NodeRun) -> list[Unit]:
+    """What of the run's units its report does not account for (never read: fed after its
+    readers stopped), as units or the rest of one."""
+    report = json.loads(run.result["files"].get("report.json") or b"{}")
+    frames = report.get("frames") or {}
+    local = [i for first, last in frames.get("processed_ids", []) + frames.get("cancelled_ids", [])
+             for i in range(first, last + 1)] + [f["id"] for f in frames.get("failures", [])]
+    done = {run.global_id(i) for i in local}
+    return [rest for rest in (u.rest(done) for u in run.units) if rest is not None]
+
+
+def _ray_reason(ray, exc: Exception) -> str:
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return f"its actor died ({type(exc).__name__})"
+    if isinstance(exc, ray.exceptions.GetTimeoutError):
+        return f"its actor did not answer in {CALL_TIMEOUT_S:.0f} s"
+    return f"Ray failed a call ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
 
 
 def _reason(result: dict) -> str:
-    import json
     try:
         return json.loads(result["stdout"]).get("reason") or "no reason given"
     except ValueError:
         return (result.get("stderr_tail") or "").strip().splitlines()[-1:] or "no reason given"
 
 
-def run_cluster(address: str, config: dict, units: list[Unit], chunk_s: float, use_gpus: bool) -> ClusterRun:
+def run_cluster(address: str, config: dict, units: list[Unit], lead_s: float, use_gpus: bool) -> ClusterRun:
     """Connect, place the actors, run every unit once; Ray is shut down on the way out."""
     ray = import_ray()
     started = time.perf_counter()
@@ -257,14 +339,14 @@ def run_cluster(address: str, config: dict, units: list[Unit], chunk_s: float, u
     try:
         connect(ray, address)
         signal.signal(signal.SIGTERM, _raise_interrupted)  # after ray.init, which sets its own
-        nodes = place_nodes(ray, use_gpus)
+        nodes = place_nodes(ray, use_gpus, config)
         if not nodes:
             raise RuntimeError(f"the Ray cluster at {address!r} has no alive node with a CPU")
         connect_s = time.perf_counter() - started
         log.info("cluster: %d nodes (%s) in %.1f s", len(nodes),
                  ", ".join(f"{n.label} {n.host} {n.cpus} CPU{f' {n.gpus} GPU' if n.gpus else ''}" for n in nodes),
                  connect_s)
-        result = Dispatcher(ray, nodes, WorkQueue(units, chunk_s), config).loop()
+        result = Dispatcher(ray, nodes, WorkQueue(units), lead_s).loop()
         result.connect_s = connect_s
         return result
     finally:
@@ -274,5 +356,3 @@ def run_cluster(address: str, config: dict, units: list[Unit], chunk_s: float, u
 
 def _raise_interrupted(_signum, _frame) -> None:
     raise Interrupted()
-
-

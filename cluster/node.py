@@ -1,17 +1,23 @@
-"""The Ray actor on each node: runs one chunk at a time as today's runner, in a subprocess.
+"""The Ray actor on each node: one long-lived runner (today's runner, in a subprocess) reading a
+feed that the driver fills through :meth:`NodeRunner.feed`.
 
 Not our supervisor inside the actor: multiprocessing inside a Ray worker has known hangs (ray
 issues 28328, 31263, 58967), and the runner as a command is exactly a normal run. The runner
 starts under ``cluster.guard`` (it stops when this actor dies; see there) in its own session,
-with a private run folder in this node's temporary folder. Its outputs come back to the driver
-as bytes through Ray: the reports, detections and annotated images are small, the input frames
-never leave the node. No Ray import here: the driver wraps this class with ``ray.remote``.
+with ``--source feed:DIR`` (one file per preprocess worker) and a private run folder in this
+node's temporary folder. Each unit fed goes to the reader with the least work left; the ids fed
+to reader ``w``, in order, map its ``k``-th frame (local id ``k * readers + w``) back to a global
+id. What the node finished is read from the collector's journal as it grows. At the end the
+run's outputs come back to the driver as bytes through Ray: the reports, detections and
+annotated images are small, the input frames never leave the node. No Ray import here: the
+driver wraps this class with ``ray.remote``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -20,75 +26,161 @@ import sys
 import tempfile
 import time
 
+from inputs.feed import END, FEED_PREFIX, FeedEntry, feed_path
+from workers.collector_journal import JOURNAL_NAME
 from workers.config import RunConfig, config_toml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RETURNED_FILES = ("report.json", "detections.json", "trace.json")
 RETURNED_DIRS = ("images", "videos", "labels", "crops")
-LOG_TAIL_BYTES = 2000  # of the runner's stderr, for the reason of a chunk that failed
+LOG_TAIL_BYTES = 2000  # of the runner's stderr, for the reason of a run that failed
+
+
+@dataclasses.dataclass
+class FeedRun:
+    """One runner on its feed: the ids fed to each reader, what the journal says is done."""
+
+    folder: str
+    feeds: list
+    ids: list[list[int]]
+    started_unix: float
+    done: set[int] = dataclasses.field(default_factory=set)  # local ids finished (processed or failed)
+    done_by_reader: list[int] = dataclasses.field(default_factory=list)
+    journal_offset: int = 0
+    partial_line: bytes = b""
+    ended: bool = False
+
+    @property
+    def readers(self) -> int:
+        return len(self.feeds)
+
+    def left(self, reader: int) -> int:
+        return len(self.ids[reader]) - self.done_by_reader[reader]
 
 
 class NodeRunner:
-    """One per node; ``run_chunk`` and ``interrupt`` may run at once (an async actor)."""
+    """One per node; ``feed``, ``progress`` and ``interrupt`` run while ``finish`` waits (an async actor)."""
 
     def __init__(self, label: str):
         self.label = label
         self.work_dir = tempfile.mkdtemp(prefix="yolo-pipeline-cluster-")
         self.proc: asyncio.subprocess.Process | None = None
-        self.interrupts = 0
+        self.waiter: asyncio.Future | None = None
+        self.run: FeedRun | None = None
+        self.runs = 0
 
     async def describe(self) -> dict:
         return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.executable}
 
-    async def run_chunk(self, index: int, config: dict, list_text: str, synthetic: int) -> dict:
-        """Run chunk ``index``: ``list_text`` as a .txt source, or ``synthetic`` generated frames.
-        Returns the exit code, the runner's JSON summary, the run folder's files and timings."""
-        folder = os.path.join(self.work_dir, f"chunk-{index}")
-        os.makedirs(folder)
-        source = "synthetic"
-        if not synthetic:
-            source = os.path.join(folder, "source.txt")
-            with open(source, "w", encoding="utf-8") as f:
-                f.write(list_text)
-        cfg = dataclasses.replace(RunConfig(**config), source=source, synthetic_count=max(synthetic, 1), frames=0,
+    async def start(self, config: dict, readers: int) -> None:
+        """Start a runner on an empty feed of ``readers`` files."""
+        folder = os.path.join(self.work_dir, f"run-{self.runs}")
+        self.runs += 1
+        feed_dir = os.path.join(folder, "feed")
+        os.makedirs(feed_dir)
+        feeds = []
+        for reader in range(readers):
+            feeds.append(open(feed_path(feed_dir, reader), "ab", buffering=0))
+        self.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers)
+        cfg = dataclasses.replace(RunConfig(**config), source=FEED_PREFIX + feed_dir, pre_workers=readers, frames=0,
                                   duration=0.0, results=folder, name="run", exist_ok=False, json=True, progress=False)
-        config_path = os.path.join(folder, "chunk.toml")
+        config_path = os.path.join(folder, "run.toml")
         with open(config_path, "w", encoding="utf-8") as f:
-            f.write(config_toml(cfg, f"chunk {index} on {self.label}"))
-        started = time.time()
-        with open(os.path.join(folder, "stderr.log"), "wb") as errors:
-            code, stdout = await self._run(config_path, errors)
-        finished = time.time()
-        result = {"exit_code": code, "stdout": stdout.decode(errors="replace"), "started_unix": started,
-                  "finished_unix": finished, "files": read_outputs(os.path.join(folder, "run")),
-                  "stderr_tail": _tail(os.path.join(folder, "stderr.log"))}
-        shutil.rmtree(folder, ignore_errors=True)
-        return result
-
-    async def _run(self, config_path: str, errors) -> tuple[int, bytes]:
+            f.write(config_toml(cfg, f"run {self.runs - 1} on {self.label}"))
         command = [sys.executable, "-m", "cluster.guard", str(os.getpid()), self.work_dir, "--",
                    sys.executable, os.path.join(REPO_ROOT, "runner.py"), "--config", config_path,
                    "--json", "--no-progress"]
-        env = dict(os.environ, PYTHONPATH=REPO_ROOT)
-        self.interrupts = 0
-        self.proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=errors,
-                                                         cwd=REPO_ROOT, env=env, start_new_session=True)
-        try:
-            stdout, _ = await self.proc.communicate()
-            return self.proc.returncode, stdout
-        finally:
-            self.proc = None
+        with open(os.path.join(folder, "stderr.log"), "wb") as errors:
+            self.proc = await asyncio.create_subprocess_exec(
+                *command, stdout=asyncio.subprocess.PIPE, stderr=errors, cwd=REPO_ROOT,
+                env=dict(os.environ, PYTHONPATH=REPO_ROOT), start_new_session=True)
+        self.waiter = asyncio.ensure_future(self.proc.communicate())
+
+    async def feed(self, units: list[tuple[list[int], dict]]) -> None:
+        """Append units (their global ids, their FeedEntry's fields), each to the reader with the
+        least work left."""
+        run = self.run
+        for ids, fields in units:
+            reader = min(range(run.readers), key=run.left)
+            run.feeds[reader].write(FeedEntry(**fields).line())
+            run.ids[reader].extend(ids)
+
+    async def progress(self) -> dict:
+        """Frames fed and finished so far, and the runner's exit code once it exited."""
+        run = self.run
+        if run is None or self.proc is None:
+            return {"fed": 0, "done": 0, "exit_code": None}
+        self._read_journal(run)
+        return {"fed": sum(map(len, run.ids)), "done": len(run.done),
+                "exit_code": self.proc.returncode if self.proc else None}
+
+    async def finish(self) -> dict | None:
+        """End the feed, wait for the runner, return its exit code, summary, files and id map."""
+        run = self.run
+        if run is None:
+            return None
+        self._end_feed(run)
+        stdout, _ = await self.waiter
+        finished = time.time()
+        result = {"exit_code": self.proc.returncode, "stdout": stdout.decode(errors="replace"),
+                  "started_unix": run.started_unix, "finished_unix": finished, "ids": run.ids,
+                  "files": read_outputs(os.path.join(run.folder, "run")),
+                  "stderr_tail": _tail(os.path.join(run.folder, "stderr.log"))}
+        shutil.rmtree(run.folder, ignore_errors=True)
+        self.run, self.proc, self.waiter = None, None, None
+        return result
 
     async def interrupt(self) -> bool:
-        """Ctrl-C for the running chunk: the first drains it (a partial report), a second kills."""
+        """Ctrl-C for the runner: the first drains it (a partial report), a second kills."""
         if self.proc is None or self.proc.returncode is not None:
             return False
-        self.interrupts += 1
         self.proc.send_signal(signal.SIGINT)
         return True
 
     async def close(self) -> None:
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _end_feed(self, run: FeedRun) -> None:
+        if run.ended:
+            return
+        run.ended = True
+        for feed in run.feeds:
+            feed.write(END)
+            feed.close()
+
+    def _read_journal(self, run: FeedRun) -> None:
+        """The frames the collector journaled since the last look (a restarted collector cuts
+        its journal back: then it is read again from the start)."""
+        path = os.path.join(run.folder, "run", JOURNAL_NAME)
+        try:
+            size = os.path.getsize(path)
+            if size < run.journal_offset:
+                run.journal_offset, run.partial_line = 0, b""
+            with open(path, "rb") as f:
+                f.seek(run.journal_offset)
+                data = f.read()
+        except OSError:
+            return  # not made yet, or removed at the end
+        run.journal_offset += len(data)
+        *lines, run.partial_line = (run.partial_line + data).split(b"\n")
+        for line in lines:
+            local = _journaled_frame(line)
+            if local is not None and local not in run.done:
+                run.done.add(local)
+                run.done_by_reader[local % run.readers] += 1
+
+
+def _journaled_frame(line: bytes) -> int | None:
+    """The frame id of a journal line of a processed or failed frame."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    if "f" in entry:
+        return int(entry["f"][0])
+    if "failed" in entry:
+        return int(entry["failed"]["id"])
+    return None
 
 
 def read_outputs(run_dir: str) -> dict[str, bytes]:

@@ -1,7 +1,7 @@
-"""The merged report of a cluster run: a row per node (from its chunks' own reports), the
+"""The merged report of a cluster run: a row per node (from its runs' own reports), the
 cluster's totals, the ledger over global frame ids, report.json, report.md and trace.json.
 
-Totals: fps over the union of the nodes' measured windows on the wall clock (chunks on one node
+Totals: fps over the union of the nodes' measured windows on the wall clock (runs on one node
 never overlap; nodes' windows do), latency percentiles over every frame's latency, the cluster's
 bound = the sum of the nodes' bounds.
 """
@@ -16,7 +16,7 @@ from analysis.atomic import write_bytes_atomic
 from analysis.report import id_ranges, json_safe
 from analysis.samples import summarise_ms
 from analysis.stats import ratio
-from cluster.merge import ChunkNames, chunk_report, merged_trace, write_outputs
+from cluster.merge import merged_trace, run_report, write_outputs
 from supervisor import exit_codes
 from supervisor.prepare import point_latest
 
@@ -38,19 +38,17 @@ def ledger(cluster, units_total: int) -> dict:
     counts = {key: 0 for key in LEDGER}
     failures, cancelled_ids = [], []
     for run in cluster.runs:
-        report, names = chunk_report(run), ChunkNames(run.chunk)
+        report = run_report(run)
         if report is None and "interrupted before the run started" in run.result["stderr_tail"]:
-            cancelled_ids += [u.first_id + i for u in run.chunk.units for i in range(u.frames)]
+            cancelled_ids += [i for u in run.units for i in u.ids]
             continue  # stopped before its pipeline started: nothing of it ran
         if report is None:
             reason = f"{run.node.label}: the runner exited with code {run.result['exit_code']} without a report"
-            failures += _lost(run.chunk.units, reason, run.node.label)
+            failures += _lost(run.units, reason, run.node.label)
             continue
-        for key in LEDGER[1:]:
-            counts[key] += report["frames"][key]
-        failures += [dict(f, id=names.frame_id(f["id"]), name=names.name(f["id"], f.get("name", "")),
-                          node=run.node.label) for f in report["frames"]["failures"]]
-        cancelled_ids += [names.frame_id(i) for first, last in report["frames"]["cancelled_ids"]
+        counts["processed"] += report["frames"]["processed"]
+        failures += [dict(f, id=run.global_id(f["id"]), node=run.node.label) for f in report["frames"]["failures"]]
+        cancelled_ids += [run.global_id(i) for first, last in report["frames"]["cancelled_ids"]
                           for i in range(first, last + 1)]
     for unit, reason in cluster.lost:
         failures += _lost([unit], reason, None)
@@ -65,16 +63,17 @@ def ledger(cluster, units_total: int) -> dict:
 
 
 def _lost(units, reason: str, node: str | None) -> list[dict]:
-    return [{"id": u.first_id + i, "name": u.name, "stage": "cluster", "worker": node, "reason": reason,
-             "kind": "lost"} for u in units for i in range(u.frames)]
+    return [{"id": i, "name": u.name, "stage": "cluster", "worker": node, "reason": reason, "kind": "lost"}
+            for u in units for i in u.ids]
 
 
 def node_rows(cluster) -> list[dict]:
-    """A row per node: its chunks' figures combined (fps over the sum of their windows, CPU per
-    frame and the bound weighted by measured frames, the bottleneck most of its frames had)."""
+    """A row per node: its runs' figures combined (one run, unless a node that died left work for
+    a second: fps over the sum of their windows, CPU per frame and the bound weighted by measured
+    frames, the bottleneck most of its frames had)."""
     rows = []
     for node in cluster.nodes:
-        mine = [(run, chunk_report(run)) for run in cluster.runs if run.node is node]
+        mine = [(run, run_report(run)) for run in cluster.runs if run.node is node]
         reports = [r for _run, r in mine if r]
         measured = sum(r["throughput"]["measured_frames"] for r in reports)
         window = sum(r["throughput"]["window_s"] for r in reports)
@@ -84,14 +83,16 @@ def node_rows(cluster) -> list[dict]:
         bottlenecks = Counter()
         for m, s in weighted:
             bottlenecks[s.get("bottleneck") or "unknown"] += m
-        overheads = [run.result["finished_unix"] - run.result["started_unix"] - r["throughput"]["wall_s"]
-                     for run, r in mine if r]
+        overheads = [r["throughput"]["window_start_unix"] - run.result["started_unix"] for run, r in mine
+                     if r and r["throughput"].get("window_start_unix")]  # the runner's start, to its first frame
         fps = measured / window if window > 0 and measured else None
         bound_fps = sum(m for m, _ in bound) / sum(m / b for m, b in bound) if bound else None
-        rows.append({"node": node.label, "host": node.host, "address": node.address, "cpus": node.cpus,
-                     "gpus": node.gpus, "chunks": len(mine),
+        ends = [r["throughput"]["window_end_unix"] for r in reports if r["throughput"].get("window_end_unix")]
+        rows.append({"node": node.label, "node_id": node.node_id, "host": node.host, "address": node.address, "cpus": node.cpus,
+                     "gpus": node.gpus, "runs": len(mine),
                      **{key: sum(r["frames"][key] for r in reports) for key in LEDGER},
-                     "measured_frames": measured, "window_s": window, "fps": fps,
+                     "measured_frames": measured, "window_s": window, "window_end_unix": max(ends, default=None),
+                     "fps": fps,
                      "cpu_ms_per_frame": sum(m * c for m, c in cpu) / sum(m for m, _ in cpu) if cpu else None,
                      "bound_fps": bound_fps, "efficiency": ratio(fps, bound_fps),
                      "bottleneck": bottlenecks.most_common(1)[0][0] if bottlenecks else None,
@@ -101,7 +102,7 @@ def node_rows(cluster) -> list[dict]:
 
 
 def totals(cluster, rows: list[dict]) -> dict:
-    reports = [r for r in map(chunk_report, cluster.runs) if r and r["throughput"]["measured_frames"]]
+    reports = [r for r in map(run_report, cluster.runs) if r and r["throughput"]["measured_frames"]]
     spans = [(r["throughput"]["window_start_unix"], r["throughput"]["window_end_unix"]) for r in reports]
     measured = sum(r["throughput"]["measured_frames"] for r in reports)
     seconds = union_seconds(spans)
@@ -135,9 +136,9 @@ def build(cluster, run_id: str, config: dict, address: str, units_total: int) ->
     frames = ledger(cluster, units_total)
     total = totals(cluster, rows)
     code, reason = exit_code_of(cluster, frames, bool(config.get("allow_failures")))
-    chunks = [{"chunk": run.chunk.index, "node": run.node.label, "first_id": run.chunk.first_id,
-               "frames": run.chunk.frames, "exit_code": run.result["exit_code"],
-               "seconds": run.result["finished_unix"] - run.result["started_unix"]} for run in cluster.runs]
+    runs = [{"run": run.index, "node": run.node.label, "units": len(run.units),
+             "frames": sum(u.frames for u in run.units), "exit_code": run.result["exit_code"],
+             "seconds": run.result["finished_unix"] - run.result["started_unix"]} for run in cluster.runs]
     summary = {"run_id": run_id, **{("frames_in" if k == "in" else k): frames[k] for k in LEDGER},
                "accounted": frames["accounted"], "fps": total["fps"], "window_s": total["window_s"],
                "wall_s": total["wall_s"], "latency_p50_ms": total["latency_ms"]["p50"],
@@ -145,7 +146,7 @@ def build(cluster, run_id: str, config: dict, address: str, units_total: int) ->
                "bound_fps": total["bound_fps"], "efficiency": total["efficiency"],
                "nodes": [{k: row[k] for k in ("node", "host", "processed", "fps", "status")} for row in rows],
                "exit_code": code, "reason": reason}
-    return {"run_id": run_id, "config": config, "cluster": {"address": address, "nodes": rows, "chunks": chunks,
+    return {"run_id": run_id, "config": config, "cluster": {"address": address, "nodes": rows, "runs": runs,
             "requeued": cluster.requeued}, "frames": frames, "throughput": total, "latency_ms": total["latency_ms"],
             "bottleneck": {"bound_fps": total["bound_fps"], "efficiency": total["efficiency"]}, "summary": summary}
 
@@ -162,15 +163,15 @@ def markdown(report: dict) -> str:
              f"Throughput {_f(t['fps'])} fps over the union of the nodes' windows ({_f(t['window_s'])} s); "
              f"latency p50 {_f(s['latency_p50_ms'])} p95 {_f(s['latency_p95_ms'])} p99 {_f(s['latency_p99_ms'])} ms; "
              f"bound {_f(t['bound_fps'])} fps (sum of the nodes'); efficiency {_f((t['efficiency'] or 0) * 100, 0)} %.",
-             "", "| node | host | CPUs | GPUs | chunks | processed | fps | CPU ms/frame | bound fps | efficiency "
+             "", "| node | host | CPUs | GPUs | runs | processed | fps | CPU ms/frame | bound fps | efficiency "
              "| bottleneck | runner start s | status |", "|" + " --- |" * 13]
     for r in report["cluster"]["nodes"]:
-        lines.append(f"| {r['node']} | {r['host']} | {r['cpus']} | {r['gpus']} | {r['chunks']} | {r['processed']} | "
+        lines.append(f"| {r['node']} | {r['host']} | {r['cpus']} | {r['gpus']} | {r['runs']} | {r['processed']} | "
                      f"{_f(r['fps'])} | {_f(r['cpu_ms_per_frame'])} | {_f(r['bound_fps'])} | "
                      f"{_f((r['efficiency'] or 0) * 100, 0)} % | {r['bottleneck'] or '-'} | {_f(r['runner_start_s'])} | "
                      f"{r['status']} |")
     for requeued in report["cluster"]["requeued"]:
-        lines.append(f"\nChunk {requeued['chunk']} ({requeued['frames']} frames) ran again elsewhere: "
+        lines.append(f"\n{requeued['frames']} frames ran again elsewhere: "
                      f"{requeued['node']} {requeued['reason']}.")
     return "\n".join(lines) + "\n"
 

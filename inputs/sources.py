@@ -20,6 +20,8 @@ Sources (:func:`plan_frames`):
 - a ``.txt`` list: one source per line (blank lines and ``#`` comments ignored): a path
   (relative to the list's folder) of an image, video, directory or glob, a URL, or a camera
   index. Lines that name nothing readable become ``"broken"`` items.
+- ``feed:DIR``: frames written into one file per preprocess worker while the run goes on
+  (:mod:`inputs.feed`; a cluster node's pipeline), open-ended.
 - a camera index (``"0"``, ``"1"``): a live stream from ``cv2.VideoCapture(int)``. A source
   made of digits is always a camera; write ``./0`` for a file named ``0``.
 - a URL of :data:`inputs.streams.URL_SCHEMES`. An http(s) URL is opened once here: with a known
@@ -42,6 +44,7 @@ import dataclasses
 import glob
 import os
 from inputs.downloads import download, probe_ranges
+from inputs.feed import feed_items, is_feed
 from inputs.frames import FrameReadError, FrameRef
 from inputs.plans import FramePlan, SourceItem, plan_lengths
 from inputs.reader import FrameReader, ShareReader
@@ -227,6 +230,8 @@ def _discover(source: str, synthetic_count: int, vid_stride: int, options: Strea
         return [SourceItem("synthetic", "", f"synthetic/{i:05d}.jpg", 1) for i in range(synthetic_count)], "", [], 0
     if is_camera(source):
         return [SourceItem("stream", source, stream_name(source), None)], "", [], 0
+    if is_feed(source):
+        return feed_items(source), "", [], 0
     if is_url(source):
         item = _url_item(source, vid_stride, options)
         if item.kind == "broken":

@@ -181,6 +181,9 @@ def plan_source(cfg: RunConfig, download_dir: str = ""):
                                vid_stride=cfg.vid_stride, streams=streams)
     except ValueError as exc:
         raise ConfigError(f"config source: {exc}") from None
+    if plan.source.startswith("feed:") and cfg.pre_workers != len(plan.items):
+        raise ConfigError(f"config source: a feed of {len(plan.items)} files needs --pre-workers {len(plan.items)} "
+                          f"(one reader per file), got {cfg.pre_workers}")
     return plan
 
 

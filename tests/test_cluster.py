@@ -1,6 +1,8 @@
 """Cluster runs (runner.py --ray) on ray.cluster_utils.Cluster: simulated nodes on this machine,
-one module-scoped cluster. Each test checks that nothing of ours is left: no runner, guard or
-stage process, no /dev/shm segment, no ipc folder (the nodes' TMPDIR is a private folder)."""
+one module-scoped cluster: a head without CPUs, a fast node, and a slow one whose preprocessing
+burns 40 CPU-ms a frame (workers.faults, through the environment its processes inherit). Each
+test checks that nothing of ours is left: no runner, guard or stage process, no /dev/shm
+segment, no ipc folder (the nodes' TMPDIR is a private folder)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from workers.faults import TEST_SLOW_ENV
 from workers.ipc_dirs import IPC_DIR_PREFIX
 from workers.slots import SEGMENT_PREFIX, SHM_DIR
 
@@ -23,41 +26,49 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r re
 from ray.cluster_utils import Cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-SMALL = ("--imgsz", "96", "--no-progress", "--save-images", "none")
-RUN_TIMEOUT_S = 540.0
+SMALL = ("--imgsz", "64", "--workers", "1", "--no-progress", "--save-images", "none")
+RUN_TIMEOUT_S = 300.0
 OURS = ("runner.py", "cluster.guard", "yolo-pipeline")
+NODE_ENV = "YOLO_PIPELINE_TEST_NODE"  # which simulated node a process belongs to
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head without CPUs (it takes no chunk) and two nodes: 4 CPUs, and 1 CPU whose processes
-    may run on one core only (their affinity, which its runners' worker counts follow too), so
-    on this machine's shared cores it is the slower; TMPDIR private."""
     tmpdir = tempfile.mkdtemp(prefix="rc-", dir="/tmp")
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = tmpdir
-    try:
-        made = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-        made.fast = made.add_node(num_cpus=4)
-        made.slow = add_slow_node(made)
-    finally:
-        os.environ.pop("TMPDIR") if before is None else os.environ.__setitem__("TMPDIR", before)
+    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     made.tmpdir = tmpdir
+    made.labels = {add_node(made, "fast", num_cpus=2).node_id: "fast",
+                   add_node(made, "slow", num_cpus=1, slow="pre:40").node_id: "slow"}
     yield made
     made.shutdown()
     subprocess.run(["rm", "-rf", tmpdir], check=False)
 
 
-def add_slow_node(cluster):
-    """A 1-CPU node whose processes inherit an affinity of one core from this one."""
-    cores = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(cores)})
+def add_node(cluster, label: str, num_cpus: int, slow: str = ""):
+    """A node whose processes inherit TMPDIR (private), a label, and a slowdown."""
+    env = {"TMPDIR": cluster.tmpdir, NODE_ENV: label, TEST_SLOW_ENV: slow}
+    before = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
-        node = cluster.add_node(num_cpus=1)
+        node = cluster.add_node(num_cpus=num_cpus)
     finally:
-        os.sched_setaffinity(0, cores)
+        for key, value in before.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
     cluster.wait_for_nodes()
     return node
+
+
+def node_processes(tmpdir: str, label: str, mark: str) -> list[int]:
+    """Pids of our processes of the node ``label`` whose command line holds ``mark``."""
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            env = process.environ()
+            if env.get("TMPDIR") == tmpdir and env.get(NODE_ENV) == label and mark in " ".join(process.cmdline()):
+                found.append(process.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def our_processes(tmpdir: str) -> list[str]:
@@ -115,6 +126,8 @@ def start_driver(cluster, results: Path, *flags: str, env: dict | None = None) -
     err = open(results.parent / "driver.stderr", "wb")
     command = [sys.executable, str(REPO / "runner.py"), "--ray", cluster.address, "--results", str(results),
                "--name", "run", "--json", *SMALL, *flags]
+    if "--weights" not in flags:
+        command += ["--preset", "none"]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=err, env={**os.environ, **(env or {})},
                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
@@ -145,21 +158,27 @@ def assert_ledger(report: dict, frames_in: int) -> None:
     assert f["in"] == f["processed"] + f["failed"] + f["lost"] + f["cancelled"], f
 
 
-def test_two_nodes_share_the_work_and_the_outputs_merge_under_global_ids(cluster, clean, tmp_path):
-    """Both nodes take chunks; one run folder holds every frame once under its global id, a
-    trace group per node, the cluster bound as the sum of the nodes'. (That a faster node gets
-    more frames is checked on the scheduler in test_cluster_chunks.py: live on this machine each
-    chunk pays a runner start of 15-20 s, far more than its frames' work.)"""
+def test_nodes_share_the_work_by_speed_and_the_outputs_merge_under_global_ids(cluster, clean, tmp_path):
+    """The fast node does most of the frames, in proportion to its speed; both runners' windows
+    end close together (the slow node holds at most its lead); one run folder holds every frame
+    once under its global name, a trace group per node, the cluster bound as the sum."""
     results = tmp_path / "results"
-    proc = start_driver(cluster, results, "--synthetic-count", "24", "--ray-chunk-s", "4", "--save-images", "all")
+    proc = start_driver(cluster, results, "--synthetic-count", "400", "--save-images", "all")
     code, summary, report = finish(proc, results)
     assert code == 0, driver_log(results)[-3000:]
-    assert_ledger(report, 24)
-    assert summary["processed"] == 24
-    nodes = {row["node"]: row for row in report["cluster"]["nodes"]}
-    assert all(row["processed"] > 0 for row in nodes.values()), nodes
+    assert_ledger(report, 400)
+    nodes = label_rows(cluster, report)
+    fast, slow = nodes["fast"], nodes["slow"]
+    assert fast["processed"] + slow["processed"] == 400 and slow["processed"] > 0, nodes
+    speed = fast["fps"] / slow["fps"]
+    share = fast["processed"] / slow["processed"]
+    assert speed > 1.5, nodes  # the slowdown took: otherwise this test shows nothing
+    assert speed / 2 < share < speed * 2, (share, speed, nodes)
+    ends = {label: row["window_end_unix"] for label, row in nodes.items()}
+    slow_lead_s = 3 + (7 + 2 * slow["fps"]) / slow["fps"]  # its pipeline's depth and lead, and a poll
+    assert abs(ends["fast"] - ends["slow"]) < slow_lead_s, (ends, nodes)
     images = sorted(p.name for p in (results / "run" / "images" / "synthetic").iterdir())
-    assert images == [f"{i:05d}.jpg" for i in range(24)]
+    assert images == [f"{i:05d}.jpg" for i in range(400)]
     assert report["throughput"]["fps"] and report["latency_ms"]["count"] > 0
     assert report["bottleneck"]["bound_fps"] == pytest.approx(sum(r["bound_fps"] for r in nodes.values()))
     trace = json.loads((results / "run" / "trace.json").read_text())
@@ -167,54 +186,58 @@ def test_two_nodes_share_the_work_and_the_outputs_merge_under_global_ids(cluster
     assert os.readlink(results / "latest") == "run"
 
 
+def label_rows(cluster, report: dict) -> dict[str, dict]:
+    """The report's node rows by the label of the simulated node each ran on."""
+    return {cluster.labels.get(row["node_id"], row["node"]): row for row in report["cluster"]["nodes"]}
+
+
 def test_a_node_removed_mid_run_loses_no_frame(cluster, clean, tmp_path, fixtures_dir):
-    """The slow node is removed while its chunk runs: the chunk is run again on the other node;
-    every frame is processed once and is in detections.json once."""
+    """A third node is removed while its runner works: its units run again on the others; every
+    frame is processed once and is in detections.json once, under its own name."""
+    victim = add_node(cluster, "victim", num_cpus=1)
     results = tmp_path / "results"
     images = tmp_path / "images"
     images.mkdir()
-    for i in range(12):
+    for i in range(60):
         (images / f"{i:02d}-bus.jpg").symlink_to(fixtures_dir / "bus.jpg")
     weights = str(fixtures_dir / "yolov5n.pt")
-    proc = start_driver(cluster, results, "--source", str(images), "--weights", weights, "--ray-chunk-s", "30")
-    slow_id = cluster.slow.node_id[:12]
+    proc = start_driver(cluster, results, "--source", str(images), "--weights", weights)
     deadline = time.monotonic() + RUN_TIMEOUT_S / 2
-    while f"({slow_id}): chunk" not in driver_log(results) and time.monotonic() < deadline and proc.poll() is None:
+    while not node_processes(cluster.tmpdir, "victim", "yolo-pipeline post"):
+        assert time.monotonic() < deadline and proc.poll() is None, driver_log(results)[-3000:]
         time.sleep(0.2)
-    time.sleep(3)  # its runner is starting or running
-    cluster.remove_node(cluster.slow)
-    try:
-        code, summary, report = finish(proc, results)
-    finally:
-        cluster.slow = add_slow_node(cluster)  # for the next test
+    time.sleep(2)  # its pipeline is working
+    cluster.remove_node(victim)
+    code, summary, report = finish(proc, results)
     assert code == 0, driver_log(results)[-3000:]
-    assert_ledger(report, 12)
-    assert report["frames"]["processed"] == 12 and report["frames"]["lost"] == 0
-    assert report["cluster"]["requeued"], "the removed node's chunk was run again"
+    assert_ledger(report, 60)
+    assert report["frames"]["processed"] == 60 and report["frames"]["lost"] == 0
+    assert report["cluster"]["requeued"], "the removed node's units were run again"
     detections = json.loads((results / "run" / "detections.json").read_text())
-    frames = {d["frame"] for d in detections}
-    assert frames == set(range(12)), sorted(frames)
+    assert {d["frame"] for d in detections} == set(range(60))
     per_frame = {(d["frame"], d["class_id"], tuple(d["box"])) for d in detections}
     assert len(per_frame) == len(detections), "no detection twice"
-    assert {d["image"] for d in detections} == {f"{i:02d}-bus.jpg" for i in range(12)}
+    assert {d["image"] for d in detections} == {f"{i:02d}-bus.jpg" for i in range(60)}
+    assert all(d["image"] == f"{d['frame']:02d}-bus.jpg" for d in detections), "global ids match the names"
     gone = [row for row in report["cluster"]["nodes"] if row["status"] != "ok"]
     assert len(gone) == 1 and "died" in gone[0]["status"], report["cluster"]["nodes"]
 
 
 def test_ctrl_c_gives_a_partial_merged_report_and_leaves_nothing(cluster, clean, tmp_path):
-    """Ctrl-C while the nodes run: each runner drains (a partial report), frames never handed
-    out are cancelled, the ledger holds, exit code 130."""
+    """Ctrl-C while the nodes run: each runner drains (a partial report), frames never fed are
+    cancelled, the ledger holds, exit code 130."""
     results = tmp_path / "results"
-    proc = start_driver(cluster, results, "--synthetic-count", "400", "--ray-chunk-s", "60")
+    proc = start_driver(cluster, results, "--synthetic-count", "5000")
     deadline = time.monotonic() + RUN_TIMEOUT_S / 2
-    while not our_processes(cluster.tmpdir) or not any("yolo-pipeline collector" in p
-                                                       for p in our_processes(cluster.tmpdir)):
+    while not all(node_processes(cluster.tmpdir, label, "yolo-pipeline post") for label in ("fast", "slow")):
         assert time.monotonic() < deadline and proc.poll() is None, driver_log(results)[-3000:]
         time.sleep(0.2)
+    time.sleep(1)
     os.killpg(proc.pid, signal.SIGINT)
     code, summary, report = finish(proc, results)
     assert code == 130, driver_log(results)[-3000:]
-    assert_ledger(report, 400)
+    assert_ledger(report, 5000)
+    assert report["frames"]["processed"] > 0 and report["frames"]["lost"] == 0
     assert report["frames"]["cancelled"] > 0 and summary["cancelled"] == report["frames"]["cancelled"]
 
 

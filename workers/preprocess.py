@@ -28,6 +28,7 @@ from workers.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_soc
 from inputs.frames import Frame, FrameReadError, StreamError
 from inputs.imageio import DecodeOptions
 from yolo.letterbox import LETTERBOX_STRIDE, bgr_to_rgb_chw, letterbox
+from inputs.feed import FeedReader, FeedWaiting, is_feed
 from inputs.reader import ShareReader
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,9 @@ def run(args: StageArgs) -> None:
         poller.register(socket, zmq.POLLIN)
     clock, faults = Clock(), TestFaults.for_role("pre")
     substages, sent = {"read": Samples(), "letterbox": Samples()}, 0
-    reader = ShareReader(plan, args.index, args.endpoints.counts["pre"], args.start_position,
-                         decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
+    reader_of = FeedReader if is_feed(plan.source) else ShareReader
+    reader = reader_of(plan, args.index, args.endpoints.counts["pre"], args.start_position,
+                       decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
     handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
     stream_errors: list[str] = []
     failures = FailureLog(log)
@@ -137,8 +139,8 @@ def run(args: StageArgs) -> None:
             if ready is None and more and frames_out.all_peers_known() and slots.has_room():
                 with clock.busy() as spent:
                     in_hand.hold(reader.position)
-                    ready, share_done = _read_next(reader, slots, cfg, args, results_out, failures, stream_errors,
-                                                   faults)
+                    ready, share_done, waiting = _read_next(reader, slots, cfg, args, results_out, failures,
+                                                            stream_errors, faults)
                 if ready is None:
                     handed = reader.position
                     in_hand.hold(NOTHING)
@@ -148,7 +150,8 @@ def run(args: StageArgs) -> None:
                     substages["letterbox"].add((t["pre_end"] - t["read_end"]) * 1e3)
                     clock.add_frames(*spent, frames=1)
                 heartbeat.position = handed
-                continue
+                if not waiting:
+                    continue
             if ready is not None and frames_out.has_credit():
                 if frames_out.send(*ready) is not None:  # else its consumer is gone: try another
                     sent += 1
@@ -203,33 +206,37 @@ def _report_failed(ref, reason: str, args: StageArgs, results_out, failures: Fai
     send_message(results_out, failure, token=args.wire.token)
 
 
-def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, results_out, failures: FailureLog,
-               stream_errors: list[str], faults: TestFaults) -> tuple[tuple[dict, list] | None, bool]:
-    """(the next frame prepared and packed into a slot, or None; whether the share is done).
-    A frame that cannot be read is reported failed; a stream given up is logged once."""
+def _read_next(reader: ShareReader | FeedReader, slots: FramesOut, cfg, args: StageArgs, results_out,
+               failures: FailureLog, stream_errors: list[str], faults: TestFaults
+               ) -> tuple[tuple[dict, list] | None, bool, bool]:
+    """(the next frame prepared and packed into a slot, or None; whether the share is done;
+    whether a feed has no line yet, so the caller polls before asking again). A frame that
+    cannot be read is reported failed; a stream given up is logged once."""
     t_read = time.perf_counter()
-    if reader.position == args.poison_position:
-        ref = reader.skip()
-        if ref is not None:
-            _report_failed(ref, args.poison_reason, args, results_out, failures)
-            return None, False
     try:
+        if reader.position == args.poison_position:
+            ref = reader.skip()
+            if ref is not None:
+                _report_failed(ref, args.poison_reason, args, results_out, failures)
+                return None, False, False
         frame = reader.next()
+    except FeedWaiting:
+        return None, False, True
     except FrameReadError as exc:
         _report_failed(exc.ref, exc.reason, args, results_out, failures, repeat=exc.repeat)
-        return None, False
+        return None, False, False
     except StreamError as exc:
         failures.log.error("%s", exc)
         stream_errors.append(str(exc))
-        return None, False
+        return None, False, False
     if frame is None:
-        return None, True
+        return None, True, False
     faults.on_frames([frame.ref.name])
     save_every = cfg.save_every
     position = frame.ref.index if frame.video is not None else frame.ref.frame_id  # a video keeps every N-th of its own
     keep = save_every > 0 and position % save_every == 0
     release_by = "collector" if keep and frame.video is not None else "post" if keep else "infer"
-    return slots.pack(*prepare(frame, t_read, cfg, keep, args.name, release_by)), False
+    return slots.pack(*prepare(frame, t_read, cfg, keep, args.name, release_by)), False, False
 
 
 def _take_returns(returns_in: zmq.Socket, slots: FramesOut, args: StageArgs, drops: DropCounter) -> None:

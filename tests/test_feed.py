@@ -1,0 +1,134 @@
+"""A feed source (inputs/feed.py): frames written while the run goes on, one file per reader."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from inputs.feed import END, FEED_PREFIX, FeedEntry, FeedReader, FeedWaiting, feed_path
+from inputs.frames import FrameReadError
+from inputs.sources import plan_frames
+from tests.media import grey_level, write_video
+
+
+def make_feed(tmp_path, readers: int = 1):
+    folder = tmp_path / "feed"
+    folder.mkdir()
+    for reader in range(readers):
+        open(feed_path(str(folder), reader), "wb").close()
+    return folder, plan_frames(FEED_PREFIX + str(folder))
+
+
+def append(folder, reader: int, data: bytes) -> None:
+    with open(feed_path(str(folder), reader), "ab") as f:
+        f.write(data)
+
+
+def test_a_feed_plans_one_open_ended_stream_per_file_and_needs_its_first_file(tmp_path):
+    folder, plan = make_feed(tmp_path, readers=3)
+    assert plan.open_ended and [item.kind for item in plan.items] == ["stream"] * 3
+    assert [plan.worker_streams(w, 3) for w in range(3)] == [(0,), (1,), (2,)]
+    with pytest.raises(ValueError, match="0.jsonl"):
+        plan_frames(FEED_PREFIX + str(tmp_path / "nothing"))
+    with pytest.raises(ValueError, match="--pre-workers 3"):
+        FeedReader(plan, 0, 2)
+
+
+def test_frames_come_as_lines_arrive_with_the_writers_names_and_the_open_ended_ids(tmp_path):
+    folder, plan = make_feed(tmp_path, readers=2)
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), np.full((20, 30, 3), 7, np.uint8))
+    with FeedReader(plan, 1, 2) as reader:
+        with pytest.raises(FeedWaiting):
+            reader.next()
+        append(folder, 1, FeedEntry("image", str(image), "x/a.png", 1, 4).line())
+        line = FeedEntry("synthetic", "", "synthetic/00009.jpg", 1, 9, scene=9).line()
+        append(folder, 1, line[:10])  # a line being written is not read half
+        frame = reader.next()
+        assert (frame.ref.frame_id, frame.ref.name, frame.image.shape) == (1, "x/a.png", (20, 30, 3))
+        with pytest.raises(FeedWaiting):
+            reader.next()
+        append(folder, 1, line[10:] + FeedEntry("broken", "/gone.jpg", "gone.jpg", 1, 10, reason="cannot decode").line())
+        synthetic = reader.next()
+        assert (synthetic.ref.frame_id, synthetic.ref.name, synthetic.ref.source_index) == (3, "synthetic/00009.jpg", 9)
+        with pytest.raises(FrameReadError, match="cannot decode") as failed:
+            reader.next()
+        assert failed.value.ref.frame_id == 5 and reader.position == 3
+        append(folder, 1, END)
+        assert reader.next() is None and reader.next() is None
+
+
+def test_a_video_entry_yields_its_frames_from_its_start_and_a_restart_resumes(tmp_path):
+    folder, plan = make_feed(tmp_path)
+    clip = write_video(tmp_path / "clip.mp4", 6)
+    append(folder, 0, FeedEntry("video", str(clip), "clip.mp4", 4, 2, start=2).line()
+           + FeedEntry("image", "/missing.jpg", "missing.jpg", 1, 3).line() + END)
+    with FeedReader(plan) as reader:
+        frames = [reader.next() for _ in range(2)]
+    assert [f.ref.name for f in frames] == ["clip.mp4:000003", "clip.mp4:000004"]
+    assert [grey_level(f.image) for f in frames] == [2, 3]  # frame i of the test video is grey i
+    assert frames[0].ref.item == 2 and frames[0].ref.index == 2
+    with FeedReader(plan, start=2) as restarted:  # a successor of a reader that handed on two frames
+        third = restarted.next()
+        assert (third.ref.frame_id, third.ref.name) == (2, "clip.mp4:000005")
+        restarted.next()
+        with pytest.raises(FrameReadError):
+            restarted.next()
+        assert restarted.next() is None
+
+
+def test_a_bad_line_or_entry_is_refused_by_name():
+    with pytest.raises(ValueError, match="feed line"):
+        FeedEntry.parse(b"not json")
+    with pytest.raises(ValueError, match="kind"):
+        FeedEntry("stream", "0", "camera0", 1, 0)
+    with pytest.raises(ValueError, match="frames"):
+        FeedEntry("image", "/a.jpg", "a.jpg", 0, 0)
+    assert FeedEntry.parse(END) is None
+    entry = FeedEntry("video", "/v.mp4", "v.mp4", 3, 1, start=2)
+    assert FeedEntry.parse(entry.line()) == entry
+
+
+def test_a_run_on_a_feed_needs_a_reader_per_file():
+    from supervisor.prepare import plan_source
+    from workers.config import ConfigError, RunConfig
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        for reader in range(2):
+            open(feed_path(folder, reader), "wb").close()
+        with pytest.raises(ConfigError, match="--pre-workers 2"):
+            plan_source(RunConfig(source=FEED_PREFIX + folder, pre_workers=1))
+        assert plan_source(RunConfig(source=FEED_PREFIX + folder, pre_workers=2)).open_ended
+
+
+def test_a_pipeline_reads_its_feed_as_it_is_written_and_ends_at_the_end_lines(tmp_path):
+    """The runner waits on an empty feed, takes lines written later,
+    names the outputs as the lines do, and ends when every file has its end line."""
+    import json
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    folder, _plan = make_feed(tmp_path, readers=2)
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, str(repo / "runner.py"), "--source", FEED_PREFIX + str(folder),
+                             "--pre-workers", "2", "--workers", "1", "--preset", "none", "--imgsz", "64",
+                             "--results", str(tmp_path / "results"), "--name", "run", "--json", "--no-progress",
+                             "--save-images", "all"], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for first in (0, 6):
+            for i in range(first, first + 6):
+                append(folder, i % 2, FeedEntry("synthetic", "", f"s/{i:03d}.jpg", 1, i, scene=i).line())
+            time.sleep(1.0)
+        for reader in range(2):
+            append(folder, reader, END)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert json.loads(out)["processed"] == 12
+    report = json.loads((tmp_path / "results" / "run" / "report.json").read_text())
+    assert report["frames"]["processed_ids"] == [[0, 11]]
+    assert sorted(p.name for p in (tmp_path / "results" / "run" / "images" / "s").iterdir()) == [
+        f"{i:03d}.jpg" for i in range(12)]
