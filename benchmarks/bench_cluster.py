@@ -4,7 +4,7 @@
 
 Each round runs `runner.py --ray` on a 1-node cluster (all cores) and on a 2-node cluster (half
 the cores each), in rotating order (benchmarks/interleave.py), and prints the merged fps, the
-wall time and the per-chunk runner start. It also prints the cluster's start seconds and the PSS
+wall time and each node's runner start. It also prints the cluster's start seconds and the PSS
 of Ray's own processes, idle. No gain is expected: two simulated nodes share this machine's cores,
 so they split the same CPU the single node had and add a second set of processes; a real second
 host adds its own cores.
@@ -74,7 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--chunk-s", type=float, default=20.0)
+    parser.add_argument("--lead-s", type=float, default=1.0)
     parser.add_argument("runner_flags", nargs="*", help="more runner flags, after --")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
@@ -85,7 +85,7 @@ def main() -> None:
         clusters[name], start_s = start_cluster(cpus)
         print(f"{name}: cluster start {start_s:.1f} s; Ray processes now {ray_pss_mib() - idle:.0f} MiB PSS "
               "(all clusters so far, idle)", flush=True)
-    flags = ["--ray-chunk-s", str(args.chunk_s), *args.runner_flags]
+    flags = ["--ray-lead-s", str(args.lead_s), *args.runner_flags]
     try:
         for r in range(args.rounds):
             for name in rotated(list(layouts), r):
