@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
-from types import TracebackType
 
 from inputs.frames import Frame, FrameReadError, FrameRef
 from inputs.imageio import DecodeOptions
@@ -128,13 +127,6 @@ class FeedReader:
         while self._position < start:
             if self.skip() is None:
                 break
-
-    def __enter__(self) -> FeedReader:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.close()
 
     @property
     def position(self) -> int:

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import closing
+from pathlib import Path
+
 import cv2
 import numpy as np
 import pytest
@@ -9,7 +17,9 @@ import pytest
 from inputs.feed import END, FEED_PREFIX, FeedEntry, FeedReader, FeedWaiting, feed_path
 from inputs.frames import FrameReadError
 from inputs.sources import plan_frames
+from supervisor.prepare import plan_source
 from tests.media import grey_level, write_video
+from workers.config import ConfigError, RunConfig
 
 
 def make_feed(tmp_path, readers: int = 1):
@@ -39,7 +49,7 @@ def test_frames_come_as_lines_arrive_with_the_writers_names_and_the_open_ended_i
     folder, plan = make_feed(tmp_path, readers=2)
     image = tmp_path / "a.png"
     cv2.imwrite(str(image), np.full((20, 30, 3), 7, np.uint8))
-    with FeedReader(plan, 1, 2) as reader:
+    with closing(FeedReader(plan, 1, 2)) as reader:
         with pytest.raises(FeedWaiting):
             reader.next()
         append(folder, 1, FeedEntry("image", str(image), "x/a.png", 1, 4).line())
@@ -64,12 +74,12 @@ def test_a_video_entry_yields_its_frames_from_its_start_and_a_restart_resumes(tm
     clip = write_video(tmp_path / "clip.mp4", 6)
     append(folder, 0, FeedEntry("video", str(clip), "clip.mp4", 4, 2, start=2).line()
            + FeedEntry("image", "/missing.jpg", "missing.jpg", 1, 3).line() + END)
-    with FeedReader(plan) as reader:
+    with closing(FeedReader(plan)) as reader:
         frames = [reader.next() for _ in range(2)]
     assert [f.ref.name for f in frames] == ["clip.mp4:000003", "clip.mp4:000004"]
     assert [grey_level(f.image) for f in frames] == [2, 3]  # frame i of the test video is grey i
     assert frames[0].ref.item == 2 and frames[0].ref.index == 2
-    with FeedReader(plan, start=2) as restarted:  # a successor of a reader that handed on two frames
+    with closing(FeedReader(plan, start=2)) as restarted:  # a successor of a reader that handed on two frames
         third = restarted.next()
         assert (third.ref.frame_id, third.ref.name) == (2, "clip.mp4:000005")
         restarted.next()
@@ -91,9 +101,6 @@ def test_a_bad_line_or_entry_is_refused_by_name():
 
 
 def test_a_run_on_a_feed_needs_a_reader_per_file():
-    from supervisor.prepare import plan_source
-    from workers.config import ConfigError, RunConfig
-    import tempfile
     with tempfile.TemporaryDirectory() as folder:
         for reader in range(2):
             open(feed_path(folder, reader), "wb").close()
@@ -105,11 +112,6 @@ def test_a_run_on_a_feed_needs_a_reader_per_file():
 def test_a_pipeline_reads_its_feed_as_it_is_written_and_ends_at_the_end_lines(tmp_path):
     """The runner waits on an empty feed, takes lines written later,
     names the outputs as the lines do, and ends when every file has its end line."""
-    import json
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
     folder, _plan = make_feed(tmp_path, readers=2)
     repo = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, str(repo / "runner.py"), "--source", FEED_PREFIX + str(folder),
