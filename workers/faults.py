@@ -1,6 +1,7 @@
 """Faults a test asks a stage to suffer, read once from the environment (nothing outside tests):
 each frame costs extra CPU, or a frame with a given name kills the process as a decoder crash
-would. A stage calls :meth:`TestFaults.on_frames` once per unit of work and knows nothing else."""
+would, or its start-up takes longer. A stage calls :meth:`TestFaults.on_frames` once per unit of
+work (and inference :meth:`TestFaults.delay_start` before loading its model) and knows nothing else."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 TEST_SLOW_ENV = "YOLO_PIPELINE_TEST_SLOW"  # "post:30" makes each post frame burn 30 CPU-ms ("pre:5,post:30")
+TEST_START_ENV = "YOLO_PIPELINE_TEST_START_S"  # "infer:8": the stage starts 8 s later (a model that loads slowly)
 TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # "text" (pre), "infer:text", "post:text": die on frames so named
 CRASH_EXIT_CODE = 70
 
@@ -17,11 +19,18 @@ CRASH_EXIT_CODE = 70
 class TestFaults:
     slow_ms: float = 0.0  # CPU-ms burnt per frame
     crash_on: str = ""  # die on a frame whose name holds this text
+    start_delay_s: float = 0.0  # seconds of start-up added before the stage's first heartbeat
 
     @classmethod
     def for_role(cls, role: str) -> TestFaults:
-        return cls(slow_ms=_slowdown_ms(os.environ.get(TEST_SLOW_ENV, ""), role),
-                   crash_on=_crash_text(os.environ.get(TEST_CRASH_ENV, ""), role))
+        return cls(slow_ms=_number_for(os.environ.get(TEST_SLOW_ENV, ""), role),
+                   crash_on=_crash_text(os.environ.get(TEST_CRASH_ENV, ""), role),
+                   start_delay_s=_number_for(os.environ.get(TEST_START_ENV, ""), role))
+
+    def delay_start(self) -> None:
+        """A start-up as slow as the test asked (a sleep: loading a model mostly waits on disk)."""
+        if self.start_delay_s:
+            time.sleep(self.start_delay_s)
 
     def on_frames(self, names: list[str]) -> None:
         """One unit of work on these frames: die if one is the named frame, burn the CPU asked for."""
@@ -39,7 +48,8 @@ def _crash_text(spec: str, role: str) -> str:
     return ""
 
 
-def _slowdown_ms(spec: str, role: str) -> float:
+def _number_for(spec: str, role: str) -> float:
+    """The number given to ``role`` in a spec such as "pre:5,post:30"; 0 if none."""
     for part in spec.split(","):
         stage, _, ms = part.partition(":")
         if stage.strip() == role and ms.strip():

@@ -104,6 +104,7 @@ def run(args: StageArgs) -> None:
     threads = set_thread_counts(args.torch_threads, args.opencv_threads)
     log = setup_logging(args.name, args.log_path, args.config.log_level)
     cfg = args.config
+    TestFaults.for_role("infer").delay_start()
     detector = Detector(args)
     drops = DropCounter(log)
     ctx = zmq.Context()
