@@ -273,9 +273,14 @@ def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bo
         return usage_failed(flag_named(str(exc), overrides), as_json)
     try:
         report = run_on_cluster(options, given, cfg, names, plan)
+    except ConfigError as exc:  # no cluster at the address, or the run folder taken meanwhile
+        return usage_failed(str(exc), as_json)
     except (RuntimeError, ConnectionError) as exc:
         log.error("error: the cluster run failed: %s", exc)
         return exit_codes.ABORTED
+    except KeyboardInterrupt:  # while joining the cluster or placing the actors: no node ran anything
+        log.error("interrupted before the run started")
+        return exit_codes.INTERRUPTED
     print_report(report, cfg.json)
     return report["summary"]["exit_code"]
 

@@ -13,7 +13,7 @@ import json
 import logging
 
 from cluster.work import units_of
-from cluster.driver import import_ray, run_cluster
+from cluster.driver import import_ray, joined, run_cluster
 from cluster.report import write_run_folder
 from inputs.sources import SYNTHETIC_SOURCE
 from supervisor.prepare import make_run_dir
@@ -54,9 +54,12 @@ def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, na
     ``summary`` holds the exit code). ``given`` is the configuration before this host's automatic
     counts were filled in: each node fills them from its own resources."""
     units = units_of(plan, synthetic=cfg.source == SYNTHETIC_SOURCE)
-    run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
     config = dataclasses.replace(given, name=cfg.name).as_dict()
-    cluster = run_cluster(options.address, config, units, options.lead_s, use_gpus=cfg.devices[0] != "cpu")
+    folder: list[str] = []
+    with joined(options.address) as ray:
+        cluster = run_cluster(ray, config, units, options.lead_s, cfg.devices[0] != "cpu",
+                              on_placed=lambda: folder.append(make_run_dir(cfg.results, cfg.name, cfg.exist_ok)))
+    run_dir = folder[0]
     return write_run_folder(run_dir, cluster, run_dir.rstrip("/").rsplit("/", 1)[-1], config, options.address,
                             sum(u.frames for u in units), names) | {"run_dir": run_dir}
 

@@ -15,26 +15,34 @@ cancelled); a second Ctrl-C is passed on too, and the runners kill their pipelin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 
 from cluster.node import REPO_ROOT, NodeRunner
 from cluster.work import Unit, WorkQueue, lead_frames, pipeline_depth
+from workers.config import ConfigError
 
 log = logging.getLogger("cluster")
 
 POLL_S = 0.25  # how often the feeds are topped up and the runners looked at
 CALL_TIMEOUT_S = 60.0  # an actor that does not answer a quick call in this long is taken as gone
 ACTOR_START_TIMEOUT_S = 120.0
+ADDRESS_TIMEOUT_S = 5.0  # a TCP connection to the head's address, before Ray's own minutes of retries
 IDLE, RUNNING, FINISHING = "idle", "running", "finishing"
 
 
 class RayMissing(RuntimeError):
     """--ray without the ray package installed."""
+
+
+class ClusterUnreachable(ConfigError):
+    """--ray ADDRESS where no cluster answers: usage, exit 2."""
 
 
 class Interrupted(Exception):
@@ -331,27 +339,57 @@ def _reason(result: dict) -> str:
         return (result.get("stderr_tail") or "").strip().splitlines()[-1:] or "no reason given"
 
 
-def run_cluster(address: str, config: dict, units: list[Unit], lead_s: float, use_gpus: bool) -> ClusterRun:
-    """Connect, place the actors, run every unit once; Ray is shut down on the way out."""
+@contextlib.contextmanager
+def joined(address: str):
+    """Ray, joined to the cluster at ``address`` for the block (shut down after it); SIGTERM
+    raises Interrupted there. Nothing answering at the address is a ClusterUnreachable (exit 2),
+    found in seconds (Ray itself retries for minutes)."""
     ray = import_ray()
-    started = time.perf_counter()
+    check_address(address)
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        connect(ray, address)
+        try:
+            connect(ray, address)
+        except ConnectionError as exc:
+            raise ClusterUnreachable(f"--ray {address}: {str(exc).splitlines()[0]}") from None
         signal.signal(signal.SIGTERM, _raise_interrupted)  # after ray.init, which sets its own
-        nodes = place_nodes(ray, use_gpus, config)
-        if not nodes:
-            raise RuntimeError(f"the Ray cluster at {address!r} has no alive node with a CPU")
-        connect_s = time.perf_counter() - started
-        log.info("cluster: %d nodes (%s) in %.1f s", len(nodes),
-                 ", ".join(f"{n.label} {n.host} {n.cpus} CPU{f' {n.gpus} GPU' if n.gpus else ''}" for n in nodes),
-                 connect_s)
-        result = Dispatcher(ray, nodes, WorkQueue(units), lead_s).loop()
-        result.connect_s = connect_s
-        return result
+        yield ray
     finally:
         signal.signal(signal.SIGTERM, previous)
         ray.shutdown()
+
+
+def check_address(address: str, timeout_s: float = ADDRESS_TIMEOUT_S) -> None:
+    """Something must answer at HOST:PORT (a head's GCS, or a Ray client server); "auto" is Ray's
+    to find."""
+    if address == "auto":
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterUnreachable(f"--ray: expected HOST:PORT (the head's address, e.g. 10.0.0.5:6379) or 'auto', "
+                                 f"got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterUnreachable(f"--ray: nothing answers at {address} ({exc.strerror or exc}); start the head "
+                                 "with `RAY_AUTH_MODE=token ray start --head` and pass its address") from None
+
+
+def run_cluster(ray, config: dict, units: list[Unit], lead_s: float, use_gpus: bool, on_placed) -> ClusterRun:
+    """Place the actors, call ``on_placed()`` (the driver makes its run folder then: a run that
+    never reached a node leaves none), run every unit once."""
+    started = time.perf_counter()
+    nodes = place_nodes(ray, use_gpus, config)
+    if not nodes:
+        raise RuntimeError("the Ray cluster has no alive node with a CPU")
+    connect_s = time.perf_counter() - started
+    log.info("cluster: %d nodes (%s) in %.1f s", len(nodes),
+             ", ".join(f"{n.label} {n.host} {n.cpus} CPU{f' {n.gpus} GPU' if n.gpus else ''}" for n in nodes),
+             connect_s)
+    on_placed()
+    result = Dispatcher(ray, nodes, WorkQueue(units), lead_s).loop()
+    result.connect_s = connect_s
+    return result
 
 
 def _raise_interrupted(_signum, _frame) -> None:

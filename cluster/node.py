@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from cluster.janitor import start_detached
 from inputs.feed import END, FEED_PREFIX, FeedEntry, feed_path
 from workers.collector_journal import JOURNAL_NAME
 from workers.config import RunConfig, config_toml
@@ -64,13 +65,14 @@ class NodeRunner:
     def __init__(self, label: str):
         self.label = label
         self.work_dir = tempfile.mkdtemp(prefix="yolo-pipeline-cluster-")
+        start_detached(os.getpid(), self.work_dir, REPO_ROOT)  # removes it if this actor dies between runs
         self.proc: asyncio.subprocess.Process | None = None
         self.waiter: asyncio.Future | None = None
         self.run: FeedRun | None = None
         self.runs = 0
 
     async def describe(self) -> dict:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.executable}
+        return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.executable, "work_dir": self.work_dir}
 
     async def start(self, config: dict, readers: int) -> None:
         """Start a runner on an empty feed of ``readers`` files."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ("--imgsz", "64", "--workers", "1", "--no-progress", "--save-images", "none")
 RUN_TIMEOUT_S = 300.0
-OURS = ("runner.py", "cluster.guard", "yolo-pipeline")
+OURS = ("runner.py", "cluster.guard", "cluster.janitor", "yolo-pipeline")
 NODE_ENV = "YOLO_PIPELINE_TEST_NODE"  # which simulated node a process belongs to
 
 
@@ -256,3 +257,44 @@ def test_without_ray_the_run_is_refused_with_exit_2(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "ray" in json.loads(done.stdout)["error"] and "requirements-ray.txt" in done.stderr
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_an_address_where_no_cluster_answers_is_refused_in_seconds_with_exit_2(tmp_path):
+    """Ray itself retries a wrong address for minutes: the driver tries a TCP connection first.
+    Nothing is left in the results folder."""
+    from cluster.driver import ClusterUnreachable, check_address
+    with pytest.raises(ClusterUnreachable, match="HOST:PORT"):
+        check_address("nonsense")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # bound, not listening: refused
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, str(REPO / "runner.py"), "--ray", f"127.0.0.1:{port}", "--results",
+                               str(tmp_path / "results"), "--json", "--preset", "none"], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "nothing answers" in json.loads(done.stdout)["error"]
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_a_node_that_dies_with_no_runner_leaves_no_folder(cluster, clean):
+    """The actor's private folder goes with it even when no runner's guard is there (between runs)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from cluster.node import NodeRunner
+    doomed = add_node(cluster, "doomed", num_cpus=1)
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, log_to_driver=False)
+    try:
+        strategy = NodeAffinitySchedulingStrategy(doomed.node_id, soft=False)
+        actor = ray.remote(NodeRunner).options(num_cpus=0, scheduling_strategy=strategy).remote("node-x")
+        work_dir = Path(ray.get(actor.describe.remote(), timeout=120)["work_dir"])
+        assert work_dir.is_dir() and str(work_dir).startswith(cluster.tmpdir), work_dir
+        time.sleep(2)  # the actor idles, as between runs
+        cluster.remove_node(doomed)
+        deadline = time.monotonic() + 20
+        while work_dir.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not work_dir.exists()
+    finally:
+        ray.shutdown()
