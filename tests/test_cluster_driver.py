@@ -1,0 +1,224 @@
+"""The cluster driver's faults on fake actors (no Ray): a runner that aborts, one that exits 2, a
+node that dies, every node gone, Ctrl-C; each time the merged ledger accounts for every frame once.
+(tests/test_cluster.py runs the real thing on simulated Ray nodes.)"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from cluster import driver as driver_module
+from cluster.driver import Dispatcher, Node
+from cluster.report import ledger
+from cluster.work import Unit, WorkQueue
+
+
+class RayError(Exception):
+    pass
+
+
+class RayActorError(RayError):
+    pass
+
+
+class GetTimeoutError(RayError):
+    pass
+
+
+class Ref:
+    """A call made when submitted, as Ray starts it then; ``get`` gives its value or raises."""
+
+    def __init__(self, call):
+        try:
+            self.value, self.error = call(), None
+        except RayError as exc:
+            self.value, self.error = None, exc
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class FakeRay:
+    """Every call is done when submitted; every finish is ready at once."""
+
+    class exceptions:
+        pass
+
+    exceptions.RayError, exceptions.RayActorError, exceptions.GetTimeoutError = RayError, RayActorError, GetTimeoutError
+
+    def get(self, ref, timeout=None):
+        return ref.result()
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return list(refs), []
+
+
+class Method:
+    def __init__(self, function):
+        self.function = function
+
+    def remote(self, *args):
+        return Ref(lambda: self.function(*args))
+
+
+class FakeNode:
+    """A node's actor and its one-reader pipeline: it finishes ``speed`` frames each time it is
+    asked its progress; ``abort_after`` frames in, its runner exits 1; ``dies_after`` frames in,
+    its actor dies; ``exit_2``: its runner exits 2 at once."""
+
+    def __init__(self, speed: int, abort_after: int | None = None, dies_after: int | None = None,
+                 exit_2: bool = False):
+        self.speed, self.abort_after, self.dies_after, self.exit_2 = speed, abort_after, dies_after, exit_2
+        self.ids: list[int] = []
+        self.done = 0
+        self.dead = False
+        self.interrupted = False
+        for name in ("start", "feed", "progress", "finish", "interrupt", "close", "describe"):
+            setattr(self, name, Method(getattr(self, "_" + name)))
+
+    def _alive(self):
+        if self.dead:
+            raise RayActorError("the actor died")
+
+    def _start(self, config, readers):
+        self._alive()
+        self.ids, self.done = [], 0
+
+    def _feed(self, units):
+        self._alive()
+        for ids, _fields in units:
+            self.ids += ids
+
+    def _progress(self):
+        self._alive()
+        if self.dies_after is not None and self.done >= self.dies_after:
+            self.dead = True
+            self._alive()
+        if not self.interrupted:
+            self.done = min(len(self.ids), self.done + self.speed)
+        aborted = self.abort_after is not None and self.done >= self.abort_after
+        if aborted:
+            self.done = self.abort_after
+        return {"fed": len(self.ids), "done": self.done, "exit_code": 2 if self.exit_2 else 1 if aborted else None}
+
+    def _finish(self):
+        self._alive()
+        if self.exit_2:
+            return {"exit_code": 2, "stdout": "", "stderr_tail": "error: weights not found", "files": {},
+                    "ids": [self.ids], "started_unix": 0.0, "finished_unix": 1.0}
+        aborted = self.abort_after is not None and self.done >= self.abort_after
+        done = self.done if aborted or self.interrupted else len(self.ids)
+        code = 1 if aborted else 130 if self.interrupted else 0
+        report = {"frames": {"in": done, "processed": done, "failed": 0, "lost": 0, "cancelled": 0,
+                             "failures": [], "cancelled_ids": [], "processed_ids": [[0, done - 1]] if done else []},
+                  "throughput": {"measured_frames": done, "window_s": 1.0, "window_start_unix": 0.0,
+                                 "window_end_unix": 1.0, "wall_s": 1.0},
+                  "summary": {"cpu_ms_per_frame": 5.0, "bound_fps": 100.0, "bottleneck": "infer"},
+                  "frame_latency_ms": [10.0] * done}
+        stdout = json.dumps({"reason": "inference crashed 4 times"}) if aborted else "{}"
+        return {"exit_code": code, "stdout": stdout, "stderr_tail": "", "ids": [self.ids],
+                "files": {"report.json": json.dumps(report).encode()}, "started_unix": 0.0, "finished_unix": 1.0}
+
+    def _interrupt(self):
+        self.interrupted = True
+        return True
+
+    def _close(self):
+        pass
+
+    def _describe(self):
+        return {"host": "fake"}
+
+
+def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: int | None = None, monkeypatch=None):
+    monkeypatch.setattr(driver_module.time, "sleep", lambda _s: None)
+    config = {"batch_size": 1, "prefetch": 1, "infer_workers": 1, "post_workers": 1, "pre_workers": 1}
+    placed = []
+    for index, fake in enumerate(nodes):
+        node = Node(index, f"id{index}", "", 1, 0, actor=fake, host="fake", config=config)
+        placed.append(node)
+    units = [Unit(i, 1, "synthetic", "", f"synthetic/{i:05d}.jpg", i) for i in range(frames)]
+    dispatcher = Dispatcher(FakeRay(), placed, WorkQueue(units), lead_s=1.0)
+    if stop_after_steps is not None:
+        steps = {"count": 0}
+        original = dispatcher.step
+
+        def step_then_interrupt():
+            original()
+            steps["count"] += 1
+            if steps["count"] == stop_after_steps:
+                raise KeyboardInterrupt
+
+        dispatcher.step = step_then_interrupt
+    return dispatcher.loop()
+
+
+def processed_ids(cluster) -> list[int]:
+    """The global ids of every frame the runs that came back processed, sorted, repeats kept."""
+    return sorted(run.global_id(i) for run in cluster.runs if "report.json" in run.result["files"]
+                  for first, last in json.loads(run.result["files"]["report.json"])["frames"]["processed_ids"]
+                  for i in range(first, last + 1))
+
+
+def accounted(cluster, frames: int) -> dict:
+    result = ledger(cluster, frames)
+    assert result["accounted"] and result["in"] == frames, result
+    return result
+
+
+def test_a_runner_that_aborts_keeps_what_it_did_and_its_unread_frames_go_to_the_other_node(monkeypatch):
+    nodes = [FakeNode(speed=2, abort_after=5), FakeNode(speed=3)]
+    cluster = run_fake(nodes, 200, monkeypatch=monkeypatch)
+    result = accounted(cluster, 200)
+    assert result["processed"] == 200
+    assert cluster.nodes[0].gone == "its pipeline aborted: inference crashed 4 times"
+    assert cluster.requeued and "before reading them" in cluster.requeued[0]["reason"]
+    assert processed_ids(cluster) == list(range(200)), "every frame once"
+
+
+def test_a_node_that_dies_gives_back_every_frame_fed_to_it(monkeypatch):
+    nodes = [FakeNode(speed=2, dies_after=6), FakeNode(speed=3)]
+    cluster = run_fake(nodes, 100, monkeypatch=monkeypatch)
+    result = accounted(cluster, 100)
+    assert result["processed"] == 100 and result["lost"] == 0
+    assert "actor died" in cluster.nodes[0].gone
+    assert [run.node.index for run in cluster.runs] == [1]  # the dead node's outputs never came
+    assert processed_ids(cluster) == list(range(100))
+    assert cluster.requeued[0]["frames"] >= 6
+
+
+def test_a_runner_that_exits_2_gives_back_all_it_was_fed(monkeypatch):
+    nodes = [FakeNode(speed=2, exit_2=True), FakeNode(speed=3)]
+    cluster = run_fake(nodes, 50, monkeypatch=monkeypatch)
+    result = accounted(cluster, 50)
+    assert result["processed"] == 50
+    assert "exited with code 2" in cluster.nodes[0].gone and "weights not found" in cluster.nodes[0].gone
+    assert processed_ids(cluster) == list(range(50))
+
+
+def test_with_no_node_left_the_rest_is_lost_with_the_reason(monkeypatch):
+    nodes = [FakeNode(speed=2, dies_after=4), FakeNode(speed=2, dies_after=4)]
+    cluster = run_fake(nodes, 60, monkeypatch=monkeypatch)
+    result = accounted(cluster, 60)
+    assert result["lost"] == 60 and result["processed"] == 0
+    assert all("no node left" in f["reason"] for f in result["failures"])
+
+
+def test_ctrl_c_cancels_what_was_never_fed_or_never_read(monkeypatch):
+    nodes = [FakeNode(speed=2), FakeNode(speed=3)]
+    cluster = run_fake(nodes, 500, stop_after_steps=4, monkeypatch=monkeypatch)
+    result = accounted(cluster, 500)
+    assert cluster.interrupted_by == signal.SIGINT
+    assert 0 < result["processed"] < 500 and result["cancelled"] == 500 - result["processed"]
+    assert all(fake.interrupted for fake in nodes)
+
+
+@pytest.mark.parametrize("address, fragment", [("nonsense", "HOST:PORT"), ("host:", "HOST:PORT"),
+                                               ("127.0.0.1:notaport", "HOST:PORT")])
+def test_a_malformed_address_is_named(address, fragment):
+    with pytest.raises(driver_module.ClusterUnreachable, match=fragment):
+        driver_module.check_address(address)
