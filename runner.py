@@ -260,7 +260,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
 def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bool) -> int:
     """--ray: this process drives one pipeline per node of a Ray cluster (cluster/)."""
     from cluster.command import ClusterOptions, check_cluster_run, print_report, run_on_cluster
-    from cluster.driver import RayMissing
+    from cluster.ray_session import RayMissing
     from workers.config import ConfigError
     try:
         if sweep:

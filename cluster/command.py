@@ -12,9 +12,10 @@ import dataclasses
 import json
 import logging
 
-from cluster.work import units_of
-from cluster.driver import import_ray, joined, run_cluster
+from cluster.driver import run_cluster
+from cluster.ray_session import import_ray, joined
 from cluster.report import write_run_folder
+from cluster.work import units_of
 from inputs.sources import SYNTHETIC_SOURCE
 from supervisor.prepare import make_run_dir
 from workers.config import ConfigError, RunConfig

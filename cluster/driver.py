@@ -15,38 +15,23 @@ cancelled); a second Ctrl-C is passed on too, and the runners kill their pipelin
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import signal
-import socket
 import time
 from dataclasses import dataclass, field
 
-from cluster.node import REPO_ROOT, NodeRunner
+from cluster.node import NodeRunner
+from cluster.ray_session import Interrupted
 from cluster.work import Unit, WorkQueue, lead_frames, pipeline_depth
-from workers.config import ConfigError
 
 log = logging.getLogger("cluster")
 
 POLL_S = 0.25  # how often the feeds are topped up and the runners looked at
 CALL_TIMEOUT_S = 60.0  # an actor that does not answer a quick call in this long is taken as gone
 ACTOR_START_TIMEOUT_S = 120.0
-ADDRESS_TIMEOUT_S = 5.0  # a TCP connection to the head's address, before Ray's own minutes of retries
 IDLE, RUNNING, FINISHING = "idle", "running", "finishing"
-
-
-class RayMissing(RuntimeError):
-    """--ray without the ray package installed."""
-
-
-class ClusterUnreachable(ConfigError):
-    """--ray ADDRESS where no cluster answers: usage, exit 2."""
-
-
-class Interrupted(Exception):
-    """SIGTERM on the driver, handled like Ctrl-C."""
 
 
 @dataclass
@@ -99,23 +84,6 @@ class ClusterRun:
     interrupted_by: int = 0  # the signal that stopped the run, or 0
     requeued: list[dict] = field(default_factory=list)
     connect_s: float = 0.0
-
-
-def import_ray():
-    """The ray module, or RayMissing naming the package to install."""
-    try:
-        import ray
-    except ImportError:
-        raise RayMissing("--ray needs the ray package, which is not installed: pip install -r requirements-ray.txt "
-                         "(ray==2.60.0)") from None
-    return ray
-
-
-def connect(ray, address: str) -> None:
-    """Join the cluster at ``address`` ("auto": the one this host belongs to); the actors import
-    this repository, at the same path on every node."""
-    ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}}, log_to_driver=False,
-             logging_level=logging.WARNING, configure_logging=False)
 
 
 def place_nodes(ray, use_gpus: bool, config: dict) -> list[Node]:
@@ -339,42 +307,6 @@ def _reason(result: dict) -> str:
         return (result.get("stderr_tail") or "").strip().splitlines()[-1:] or "no reason given"
 
 
-@contextlib.contextmanager
-def joined(address: str):
-    """Ray, joined to the cluster at ``address`` for the block (shut down after it); SIGTERM
-    raises Interrupted there. Nothing answering at the address is a ClusterUnreachable (exit 2),
-    found in seconds (Ray itself retries for minutes)."""
-    ray = import_ray()
-    check_address(address)
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        try:
-            connect(ray, address)
-        except ConnectionError as exc:
-            raise ClusterUnreachable(f"--ray {address}: {str(exc).splitlines()[0]}") from None
-        signal.signal(signal.SIGTERM, _raise_interrupted)  # after ray.init, which sets its own
-        yield ray
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        ray.shutdown()
-
-
-def check_address(address: str, timeout_s: float = ADDRESS_TIMEOUT_S) -> None:
-    """Something must answer at HOST:PORT (a head's GCS, or a Ray client server); "auto" is Ray's
-    to find."""
-    if address == "auto":
-        return
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port.isdigit():
-        raise ClusterUnreachable(f"--ray: expected HOST:PORT (the head's address, e.g. 10.0.0.5:6379) or 'auto', "
-                                 f"got {address!r}")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise ClusterUnreachable(f"--ray: nothing answers at {address} ({exc.strerror or exc}); start the head "
-                                 "with `RAY_AUTH_MODE=token ray start --head` and pass its address") from None
-
-
 def run_cluster(ray, config: dict, units: list[Unit], lead_s: float, use_gpus: bool, on_placed) -> ClusterRun:
     """Place the actors, call ``on_placed()`` (the driver makes its run folder then: a run that
     never reached a node leaves none), run every unit once."""
@@ -390,7 +322,3 @@ def run_cluster(ray, config: dict, units: list[Unit], lead_s: float, use_gpus: b
     result = Dispatcher(ray, nodes, WorkQueue(units), lead_s).loop()
     result.connect_s = connect_s
     return result
-
-
-def _raise_interrupted(_signum, _frame) -> None:
-    raise Interrupted()

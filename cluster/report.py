@@ -36,7 +36,7 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
 def ledger(cluster, units_total: int) -> dict:
     """in = processed + failed + lost + cancelled over global ids, with every failure named."""
     counts = {key: 0 for key in LEDGER}
-    failures, cancelled_ids = [], []
+    failures, cancelled_ids, processed_ids = [], [], []
     for run in cluster.runs:
         report = run_report(run)
         if report is None and "interrupted before the run started" in run.result["stderr_tail"]:
@@ -47,6 +47,8 @@ def ledger(cluster, units_total: int) -> dict:
             failures += _lost(run.units, reason, run.node.label)
             continue
         counts["processed"] += report["frames"]["processed"]
+        processed_ids += [run.global_id(i) for first, last in report["frames"].get("processed_ids", [])
+                          for i in range(first, last + 1)]
         failures += [dict(f, id=run.global_id(f["id"]), node=run.node.label) for f in report["frames"]["failures"]]
         cancelled_ids += [run.global_id(i) for first, last in report["frames"]["cancelled_ids"]
                           for i in range(first, last + 1)]
@@ -57,9 +59,11 @@ def ledger(cluster, units_total: int) -> dict:
     cancelled_ids += [u.first_id + i for u in cluster.cancelled for i in range(u.frames)]
     counts["cancelled"] = len(cancelled_ids)
     counts["in"] = units_total
-    accounted = counts["in"] == sum(counts[k] for k in LEDGER[1:])
+    twice = len(processed_ids) - len(set(processed_ids))
+    accounted = counts["in"] == sum(counts[k] for k in LEDGER[1:]) and not twice
     return {**counts, "accounted": accounted, "failures": sorted(failures, key=lambda f: f["id"]),
-            "cancelled_ids": id_ranges(cancelled_ids)}
+            "cancelled_ids": id_ranges(cancelled_ids), "processed_ids": id_ranges(processed_ids),
+            "processed_twice": twice}
 
 
 def _lost(units, reason: str, node: str | None) -> list[dict]:

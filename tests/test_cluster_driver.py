@@ -10,7 +10,8 @@ import signal
 import pytest
 
 from cluster import driver as driver_module
-from cluster.driver import Dispatcher, Node
+from cluster.driver import Dispatcher, Node, NodeRun
+from cluster.ray_session import ClusterUnreachable, check_address
 from cluster.report import ledger
 from cluster.work import Unit, WorkQueue
 
@@ -76,7 +77,7 @@ class FakeNode:
         self.ids: list[int] = []
         self.done = 0
         self.dead = False
-        self.interrupted = False
+        self.interrupted = 0  # SIGINTs passed on to its runner
         for name in ("start", "feed", "progress", "finish", "interrupt", "close", "describe"):
             setattr(self, name, Method(getattr(self, "_" + name)))
 
@@ -124,7 +125,7 @@ class FakeNode:
                 "files": {"report.json": json.dumps(report).encode()}, "started_unix": 0.0, "finished_unix": 1.0}
 
     def _interrupt(self):
-        self.interrupted = True
+        self.interrupted += 1
         return True
 
     def _close(self):
@@ -134,7 +135,7 @@ class FakeNode:
         return {"host": "fake"}
 
 
-def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: int | None = None, monkeypatch=None):
+def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: tuple[int, ...] = (), monkeypatch=None):
     monkeypatch.setattr(driver_module.time, "sleep", lambda _s: None)
     config = {"batch_size": 1, "prefetch": 1, "infer_workers": 1, "post_workers": 1, "pre_workers": 1}
     placed = []
@@ -143,14 +144,14 @@ def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: int | None = 
         placed.append(node)
     units = [Unit(i, 1, "synthetic", "", f"synthetic/{i:05d}.jpg", i) for i in range(frames)]
     dispatcher = Dispatcher(FakeRay(), placed, WorkQueue(units), lead_s=1.0)
-    if stop_after_steps is not None:
+    if stop_after_steps:
         steps = {"count": 0}
         original = dispatcher.step
 
         def step_then_interrupt():
             original()
             steps["count"] += 1
-            if steps["count"] == stop_after_steps:
+            if steps["count"] in stop_after_steps:
                 raise KeyboardInterrupt
 
         dispatcher.step = step_then_interrupt
@@ -210,15 +211,47 @@ def test_with_no_node_left_the_rest_is_lost_with_the_reason(monkeypatch):
 
 def test_ctrl_c_cancels_what_was_never_fed_or_never_read(monkeypatch):
     nodes = [FakeNode(speed=2), FakeNode(speed=3)]
-    cluster = run_fake(nodes, 500, stop_after_steps=4, monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 500, stop_after_steps=(4,), monkeypatch=monkeypatch)
     result = accounted(cluster, 500)
     assert cluster.interrupted_by == signal.SIGINT
     assert 0 < result["processed"] < 500 and result["cancelled"] == 500 - result["processed"]
-    assert all(fake.interrupted for fake in nodes)
+    assert [fake.interrupted for fake in nodes] == [1, 1]
+
+
+def test_a_second_ctrl_c_is_passed_on_to_every_runner(monkeypatch):
+    nodes = [FakeNode(speed=2), FakeNode(speed=3)]
+
+    def finish_after_a_second_ctrl_c():
+        if nodes[1].interrupted < 2:
+            raise KeyboardInterrupt  # the second Ctrl-C comes while its runner still drains
+        return nodes[1]._finish()
+
+    nodes[1].finish = Method(finish_after_a_second_ctrl_c)
+    cluster = run_fake(nodes, 500, stop_after_steps=(4,), monkeypatch=monkeypatch)
+    accounted(cluster, 500)
+    assert nodes[1].interrupted == 2
 
 
 @pytest.mark.parametrize("address, fragment", [("nonsense", "HOST:PORT"), ("host:", "HOST:PORT"),
                                                ("127.0.0.1:notaport", "HOST:PORT")])
 def test_a_malformed_address_is_named(address, fragment):
-    with pytest.raises(driver_module.ClusterUnreachable, match=fragment):
-        driver_module.check_address(address)
+    with pytest.raises(ClusterUnreachable, match=fragment):
+        check_address(address)
+
+
+def test_a_nodes_detections_and_files_merge_under_global_ids(tmp_path):
+    """Two readers: reader 0 was fed global ids 7 and 9, reader 1 ids 8 and 3; local id k*2 + w."""
+    from cluster.merge import write_outputs
+    node = Node(1, "id1", "", 2, 0)
+    names = {7: "a.jpg", 8: "b.jpg", 9: "c.jpg", 3: "d.jpg"}
+    local_of = {7: 0, 8: 1, 9: 2, 3: 3}
+    records = [{"image": name, "frame": local_of[g], "class_id": 0, "class": "person", "score": 0.9,
+                "box": [1.0, 2.0, 3.0, 4.0]} for g, name in names.items()]
+    run = NodeRun(node, 0, result={"ids": [[7, 9], [8, 3]], "files": {
+        "detections.json": json.dumps(records).encode(), "images/a.jpg": b"A", "labels/d.txt": b"0 0.5 0.5 1 1\n"}})
+    written = write_outputs(str(tmp_path), [run], ["person"])
+    merged = json.loads((tmp_path / "detections.json").read_text())
+    assert [(r["frame"], r["image"]) for r in merged] == [(3, "d.jpg"), (7, "a.jpg"), (8, "b.jpg"), (9, "c.jpg")]
+    assert (tmp_path / "images" / "a.jpg").read_bytes() == b"A" and (tmp_path / "labels" / "d.txt").is_file()
+    assert written["detections"] == 4 and written["files"]["images"] == 1
+    assert len(json.loads((tmp_path / "predictions.json").read_text())) == 4
