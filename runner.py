@@ -260,7 +260,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
 def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bool) -> int:
     """--ray: this process drives one pipeline per node of a Ray cluster (cluster/)."""
     from cluster.command import ClusterOptions, check_cluster_run, print_report, run_on_cluster
-    from cluster.ray_session import RayMissing
+    from cluster.ray_session import Interrupted, RayMissing
     from workers.config import ConfigError
     try:
         if sweep:
@@ -278,9 +278,9 @@ def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bo
     except (RuntimeError, ConnectionError) as exc:
         log.error("error: the cluster run failed: %s", exc)
         return exit_codes.ABORTED
-    except KeyboardInterrupt:  # while joining the cluster or placing the actors: no node ran anything
+    except (KeyboardInterrupt, Interrupted) as exc:  # while joining or placing the actors: nothing ran
         log.error("interrupted before the run started")
-        return exit_codes.INTERRUPTED
+        return exit_codes.SIGNAL_EXIT_CODES["SIGTERM"] if isinstance(exc, Interrupted) else exit_codes.INTERRUPTED
     print_report(report, cfg.json)
     return report["summary"]["exit_code"]
 

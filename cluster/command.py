@@ -13,7 +13,7 @@ import json
 import logging
 
 from cluster.driver import run_cluster
-from cluster.ray_session import import_ray, joined
+from cluster.ray_session import import_ray, joined, signals_noted
 from cluster.report import write_run_folder
 from cluster.work import units_of
 from inputs.sources import SYNTHETIC_SOURCE
@@ -61,8 +61,9 @@ def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, na
         cluster = run_cluster(ray, config, units, options.lead_s, cfg.devices[0] != "cpu",
                               on_placed=lambda: folder.append(make_run_dir(cfg.results, cfg.name, cfg.exist_ok)))
     run_dir = folder[0]
-    return write_run_folder(run_dir, cluster, run_dir.rstrip("/").rsplit("/", 1)[-1], config, options.address,
-                            sum(u.frames for u in units), names) | {"run_dir": run_dir}
+    with signals_noted():
+        return write_run_folder(run_dir, cluster, run_dir.rstrip("/").rsplit("/", 1)[-1], config, options.address,
+                                sum(u.frames for u in units), names) | {"run_dir": run_dir}
 
 
 def print_report(report: dict, as_json: bool) -> None:

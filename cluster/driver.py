@@ -212,13 +212,16 @@ class Dispatcher:
             self.collect(refs[ref], ref)
 
     def collect(self, node: Node, ref) -> None:
-        run, node.state, node.finish_ref = node.run, IDLE, None
+        """What a runner sent back. The node's state changes only once it came: a Ctrl-C during
+        the transfer leaves the same ref to wait on again."""
+        run = node.run
         try:
-            run.result = self.ray.get(ref)
+            result = self.ray.get(ref)
         except self.ray.exceptions.RayError as exc:
+            node.finish_ref = None
             self.node_gone(node, _ray_reason(self.ray, exc))
             return
-        node.run = None
+        run.result, node.state, node.finish_ref, node.run = result, IDLE, None, None
         if run.result is None:
             return  # no runner had started (a Ctrl-C during its start)
         code, files = run.result["exit_code"], run.result["files"]
@@ -243,6 +246,10 @@ class Dispatcher:
         node.gone, node.state = reason, IDLE
         run, node.run = node.run, None
         log.warning("%s: %s", node.label, reason)
+        try:  # one given up alive (no answer in time, exit 2) goes: its runner and folder go with it
+            self.ray.kill(node.actor)
+        except Exception:  # already dead
+            pass
         if run is not None and run.units:
             if self.stopping:
                 self.run.cancelled += run.units
@@ -272,13 +279,18 @@ class Dispatcher:
         self.run.cancelled += self.queue.drain()
 
     def close_nodes(self) -> None:
-        """Units never fed are cancelled; each node's temporary folder goes."""
+        """Units never fed are cancelled; each node's temporary folder goes (an aborted node's
+        too). A Ctrl-C here skips the rest: the janitors remove the folders when Ray ends the actors."""
         self.run.cancelled += self.queue.drain()
-        for node in self.alive():
-            try:
-                self.ray.get(node.actor.close.remote(), timeout=30)
-            except Exception as exc:  # the run is done; its node's temporary folder stays
-                log.warning("%s: could not remove its temporary folder (%s)", node.label, exc)
+        try:
+            for node in self.nodes:
+                try:
+                    self.ray.get(node.actor.close.remote(), timeout=30)
+                except self.ray.exceptions.RayError as exc:
+                    if not node.gone:
+                        log.warning("%s: could not remove its temporary folder (%s)", node.label, exc)
+        except (KeyboardInterrupt, Interrupted):
+            log.warning("interrupted while the nodes clean up: writing the merged report")
 
 
 def unaccounted(run: NodeRun) -> list[Unit]:

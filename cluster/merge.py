@@ -35,15 +35,29 @@ def write_outputs(run_dir: str, runs, class_names) -> dict:
     predictions = coco_results(without_node, class_names)
     write_bytes_atomic(os.path.join(run_dir, "predictions.json"), json.dumps(predictions).encode())
     copied = {top: 0 for top in RETURNED_DIRS}
+    written: set[str] = set()
     for run in runs:
         for relative, data in run.result["files"].items():
             top = relative.split("/")[0]
             if top in copied:
+                relative = unused_name(relative, written)
                 target = os.path.join(run_dir, relative)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 write_bytes_atomic(target, data)
+                written.add(relative)
                 copied[top] += 1
     return {"detections": len(detections), "predictions": len(predictions), "files": copied}
+
+
+def unused_name(relative: str, written: set[str]) -> str:
+    """``relative``, or ``name.part2.ext`` (3, ...) when another run wrote it: the rest of a video
+    that a node left unfinished is an annotated video of its own on the node that ran it."""
+    stem, ext = os.path.splitext(relative)
+    part = 1
+    while relative in written:
+        part += 1
+        relative = f"{stem}.part{part}{ext}"
+    return relative
 
 
 def merged_trace(runs, nodes, origin_unix: float) -> dict:

@@ -69,6 +69,7 @@ class NodeRunner:
         self.proc: asyncio.subprocess.Process | None = None
         self.waiter: asyncio.Future | None = None
         self.run: FeedRun | None = None
+        self.finishing: asyncio.Future | None = None
         self.runs = 0
 
     async def describe(self) -> dict:
@@ -80,10 +81,18 @@ class NodeRunner:
         self.runs += 1
         feed_dir = os.path.join(folder, "feed")
         os.makedirs(feed_dir)
-        feeds = []
-        for reader in range(readers):
-            feeds.append(open(feed_path(feed_dir, reader), "ab", buffering=0))
+        feeds = [open(feed_path(feed_dir, reader), "ab", buffering=0) for reader in range(readers)]
         self.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers)
+        self.finishing = None
+        try:
+            await self._spawn(config, readers, folder, feed_dir)
+        except BaseException:
+            self._end_feed(self.run)
+            shutil.rmtree(folder, ignore_errors=True)
+            self.run = None
+            raise
+
+    async def _spawn(self, config: dict, readers: int, folder: str, feed_dir: str) -> None:
         cfg = dataclasses.replace(RunConfig(**config), source=FEED_PREFIX + feed_dir, pre_workers=readers, frames=0,
                                   duration=0.0, results=folder, name="run", exist_ok=False, json=True, progress=False)
         config_path = os.path.join(folder, "run.toml")
@@ -117,10 +126,16 @@ class NodeRunner:
                 "exit_code": self.proc.returncode if self.proc else None}
 
     async def finish(self) -> dict | None:
-        """End the feed, wait for the runner, return its exit code, summary, files and id map."""
-        run = self.run
-        if run is None:
-            return None
+        """End the feed, wait for the runner, return its exit code, summary, files and id map
+        (None if no runner was started). A second call gets the same result: the driver may have
+        called again when a Ctrl-C came between its call and its noting it."""
+        if self.finishing is None:
+            if self.run is None:
+                return None
+            self.finishing = asyncio.ensure_future(self._finish(self.run))
+        return await asyncio.shield(self.finishing)
+
+    async def _finish(self, run: FeedRun) -> dict:
         self._end_feed(run)
         stdout, _ = await self.waiter
         finished = time.time()

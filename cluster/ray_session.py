@@ -12,6 +12,8 @@ import socket
 from cluster.node import REPO_ROOT
 from workers.config import ConfigError
 
+log = logging.getLogger("cluster")
+
 ADDRESS_TIMEOUT_S = 5.0  # a TCP connection to the head's address, before Ray's own minutes of retries
 
 
@@ -61,7 +63,8 @@ def joined(address: str):
         yield ray
     finally:
         signal.signal(signal.SIGTERM, previous)
-        ray.shutdown()
+        with signals_noted():  # the run is over: a Ctrl-C now would only lose its report
+            ray.shutdown()
 
 
 def check_address(address: str, timeout_s: float = ADDRESS_TIMEOUT_S) -> None:
@@ -78,6 +81,20 @@ def check_address(address: str, timeout_s: float = ADDRESS_TIMEOUT_S) -> None:
     except OSError as exc:
         raise ClusterUnreachable(f"--ray: nothing answers at {address} ({exc.strerror or exc}); start the head "
                                  "with `RAY_AUTH_MODE=token ray start --head` and pass its address") from None
+
+
+@contextlib.contextmanager
+def signals_noted():
+    """Ctrl-C and SIGTERM while the run's end is taken care of: said, not acted on (every node's
+    outputs are here; only leaving Ray and writing the merged folder are left, seconds)."""
+    def say(_signum, _frame):
+        log.warning("the run is over: leaving Ray and writing the merged run folder, nearly done")
+    previous = {sig: signal.signal(sig, say) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _raise_interrupted(_signum, _frame) -> None:

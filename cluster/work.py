@@ -41,13 +41,14 @@ class Unit:
         return FeedEntry(self.kind, self.location, self.name, self.frames, self.item, self.start, scene, self.reason)
 
     def rest(self, done: set[int]) -> Unit | None:
-        """What of this unit is not in ``done``: a reader goes through a unit in order, so that is
-        all of it, none of it, or its last frames."""
-        left = [i for i in self.ids if i not in done]
-        if not left:
+        """What of this unit comes after its last frame in ``done``, or None. A reader goes
+        through a unit in order, so what it never read is a tail; a frame missing before that
+        (a report that does not account for it) is left for the ledger to show, not run twice."""
+        last = max((i for i in self.ids if i in done), default=self.first_id - 1)
+        skipped = last + 1 - self.first_id
+        if skipped >= self.frames:
             return None
-        skipped = left[0] - self.first_id
-        return Unit(left[0], self.frames - skipped, self.kind, self.location, self.name, self.item,
+        return Unit(last + 1, self.frames - skipped, self.kind, self.location, self.name, self.item,
                     self.start + skipped, self.reason)
 
 

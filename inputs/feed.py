@@ -180,9 +180,11 @@ class FeedReader:
     def _ref(self, entry: FeedEntry, index: int) -> FrameRef:
         frame_id = self._plan.open_stream_id(self._worker, self._workers, self._position)
         if entry.kind == "video":
+            # Named by its frame number in the file; indexed from 0 within the entry, so that the
+            # rest of a video (start > 0) is a video of its own to the collector's video writer.
             source_index = (entry.start + index) * self._plan.vid_stride
-            return FrameRef(frame_id, "video", f"{entry.name}:{source_index + 1:06d}", entry.item, entry.start + index,
-                            0, entry.location, source_index)
+            return FrameRef(frame_id, "video", f"{entry.name}:{source_index + 1:06d}", entry.item, index, 0,
+                            entry.location, source_index)
         source_index = entry.scene if entry.kind == "synthetic" else 0
         return FrameRef(frame_id, entry.kind, entry.name, entry.item, 0, 0, entry.location, source_index, entry.reason)
 

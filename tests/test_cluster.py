@@ -162,12 +162,14 @@ def assert_ledger(report: dict, frames_in: int) -> None:
 def test_nodes_share_the_work_by_speed_and_the_outputs_merge_under_global_ids(cluster, clean, tmp_path):
     """The fast node does most of the frames, in proportion to its speed; both runners' windows
     end close together (the slow node holds at most its lead); one run folder holds every frame
-    once under its global name, a trace group per node, the cluster bound as the sum."""
+    once under its global id and name (two readers a node: local ids k * 2 + w mapped back), a
+    trace group per node, the cluster bound as the sum."""
     results = tmp_path / "results"
-    proc = start_driver(cluster, results, "--synthetic-count", "400", "--save-images", "all")
+    proc = start_driver(cluster, results, "--synthetic-count", "400", "--save-images", "all", "--pre-workers", "2")
     code, summary, report = finish(proc, results)
     assert code == 0, driver_log(results)[-3000:]
     assert_ledger(report, 400)
+    assert report["frames"]["processed_ids"] == [[0, 399]] and report["frames"]["processed_twice"] == 0
     nodes = label_rows(cluster, report)
     fast, slow = nodes["fast"], nodes["slow"]
     assert fast["processed"] + slow["processed"] == 400 and slow["processed"] > 0, nodes

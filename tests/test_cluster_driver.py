@@ -40,6 +40,9 @@ class Ref:
     def result(self):
         if self.error is not None:
             raise self.error
+        if getattr(self.value, "interrupt_transfer", False):  # a Ctrl-C while the outputs come
+            self.value.interrupt_transfer = False
+            raise KeyboardInterrupt
         return self.value
 
 
@@ -57,6 +60,12 @@ class FakeRay:
     def wait(self, refs, num_returns=1, timeout=None):
         return list(refs), []
 
+    def __init__(self):
+        self.killed = []
+
+    def kill(self, actor):
+        self.killed.append(actor)
+
 
 class Method:
     def __init__(self, function):
@@ -66,14 +75,22 @@ class Method:
         return Ref(lambda: self.function(*args))
 
 
+class Result(dict):
+    """A runner's result; ``interrupt_transfer``: a Ctrl-C comes while the driver fetches it."""
+
+    interrupt_transfer = False
+
+
 class FakeNode:
     """A node's actor and its one-reader pipeline: it finishes ``speed`` frames each time it is
     asked its progress; ``abort_after`` frames in, its runner exits 1; ``dies_after`` frames in,
     its actor dies; ``exit_2``: its runner exits 2 at once."""
 
     def __init__(self, speed: int, abort_after: int | None = None, dies_after: int | None = None,
-                 exit_2: bool = False):
+                 exit_2: bool = False, dies_finishing: bool = False, interrupt_transfer: bool = False):
         self.speed, self.abort_after, self.dies_after, self.exit_2 = speed, abort_after, dies_after, exit_2
+        self.dies_finishing, self.interrupt_transfer = dies_finishing, interrupt_transfer
+        self.starts = 0
         self.ids: list[int] = []
         self.done = 0
         self.dead = False
@@ -88,6 +105,7 @@ class FakeNode:
     def _start(self, config, readers):
         self._alive()
         self.ids, self.done = [], 0
+        self.starts += 1
 
     def _feed(self, units):
         self._alive()
@@ -108,6 +126,9 @@ class FakeNode:
 
     def _finish(self):
         self._alive()
+        if self.dies_finishing:
+            self.dead = True
+            self._alive()
         if self.exit_2:
             return {"exit_code": 2, "stdout": "", "stderr_tail": "error: weights not found", "files": {},
                     "ids": [self.ids], "started_unix": 0.0, "finished_unix": 1.0}
@@ -121,8 +142,10 @@ class FakeNode:
                   "summary": {"cpu_ms_per_frame": 5.0, "bound_fps": 100.0, "bottleneck": "infer"},
                   "frame_latency_ms": [10.0] * done}
         stdout = json.dumps({"reason": "inference crashed 4 times"}) if aborted else "{}"
-        return {"exit_code": code, "stdout": stdout, "stderr_tail": "", "ids": [self.ids],
-                "files": {"report.json": json.dumps(report).encode()}, "started_unix": 0.0, "finished_unix": 1.0}
+        result = Result(exit_code=code, stdout=stdout, stderr_tail="", ids=[list(self.ids)], started_unix=0.0,
+                        files={"report.json": json.dumps(report).encode()}, finished_unix=1.0)
+        result.interrupt_transfer, self.interrupt_transfer = self.interrupt_transfer, False
+        return result
 
     def _interrupt(self):
         self.interrupted += 1
@@ -143,7 +166,8 @@ def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: tuple[int, ..
         node = Node(index, f"id{index}", "", 1, 0, actor=fake, host="fake", config=config)
         placed.append(node)
     units = [Unit(i, 1, "synthetic", "", f"synthetic/{i:05d}.jpg", i) for i in range(frames)]
-    dispatcher = Dispatcher(FakeRay(), placed, WorkQueue(units), lead_s=1.0)
+    ray = FakeRay()
+    dispatcher = Dispatcher(ray, placed, WorkQueue(units), lead_s=1.0)
     if stop_after_steps:
         steps = {"count": 0}
         original = dispatcher.step
@@ -155,7 +179,9 @@ def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: tuple[int, ..
                 raise KeyboardInterrupt
 
         dispatcher.step = step_then_interrupt
-    return dispatcher.loop()
+    cluster = dispatcher.loop()
+    cluster.killed = ray.killed
+    return cluster
 
 
 def processed_ids(cluster) -> list[int]:
@@ -198,6 +224,7 @@ def test_a_runner_that_exits_2_gives_back_all_it_was_fed(monkeypatch):
     result = accounted(cluster, 50)
     assert result["processed"] == 50
     assert "exited with code 2" in cluster.nodes[0].gone and "weights not found" in cluster.nodes[0].gone
+    assert cluster.killed == [nodes[0]], "a node given up alive is ended, its runner with it"
     assert processed_ids(cluster) == list(range(50))
 
 
@@ -218,18 +245,41 @@ def test_ctrl_c_cancels_what_was_never_fed_or_never_read(monkeypatch):
     assert [fake.interrupted for fake in nodes] == [1, 1]
 
 
-def test_a_second_ctrl_c_is_passed_on_to_every_runner(monkeypatch):
+def test_a_second_ctrl_c_right_after_a_finish_call_is_passed_on_and_counts_nothing_twice(monkeypatch):
+    """The second Ctrl-C comes just after the driver asked node 1 for its outputs, before it noted
+    the call: it asks again (the actor answers both with one result) and passes the Ctrl-C on."""
     nodes = [FakeNode(speed=2), FakeNode(speed=3)]
+    calls = {"finish": 0}
 
-    def finish_after_a_second_ctrl_c():
-        if nodes[1].interrupted < 2:
-            raise KeyboardInterrupt  # the second Ctrl-C comes while its runner still drains
-        return nodes[1]._finish()
+    def finish_then_ctrl_c():
+        calls["finish"] += 1
+        result = nodes[1]._finish()
+        if calls["finish"] == 1:
+            raise KeyboardInterrupt
+        return result
 
-    nodes[1].finish = Method(finish_after_a_second_ctrl_c)
+    nodes[1].finish = Method(finish_then_ctrl_c)
     cluster = run_fake(nodes, 500, stop_after_steps=(4,), monkeypatch=monkeypatch)
     accounted(cluster, 500)
-    assert nodes[1].interrupted == 2
+    assert [fake.interrupted for fake in nodes] == [2, 2] and calls["finish"] == 2
+
+
+def test_a_ctrl_c_while_a_nodes_outputs_come_waits_for_them_again(monkeypatch):
+    nodes = [FakeNode(speed=2, interrupt_transfer=True), FakeNode(speed=3)]
+    cluster = run_fake(nodes, 80, monkeypatch=monkeypatch)
+    result = accounted(cluster, 80)
+    assert cluster.interrupted_by == signal.SIGINT
+    assert sorted(run.node.index for run in cluster.runs) == [0, 1], "node 0's outputs were kept"
+    assert result["processed"] + result["cancelled"] == 80 and result["processed"] >= nodes[0].done
+
+
+def test_a_node_that_dies_while_finishing_has_its_units_run_again_by_a_new_runner(monkeypatch):
+    nodes = [FakeNode(speed=2, dies_finishing=True), FakeNode(speed=3)]
+    cluster = run_fake(nodes, 90, monkeypatch=monkeypatch)
+    result = accounted(cluster, 90)
+    assert result["processed"] == 90 and processed_ids(cluster) == list(range(90))
+    assert nodes[1].starts == 2, "the node that had finished started a second runner for them"
+    assert "actor died" in cluster.nodes[0].gone
 
 
 @pytest.mark.parametrize("address, fragment", [("nonsense", "HOST:PORT"), ("host:", "HOST:PORT"),
@@ -255,3 +305,12 @@ def test_a_nodes_detections_and_files_merge_under_global_ids(tmp_path):
     assert (tmp_path / "images" / "a.jpg").read_bytes() == b"A" and (tmp_path / "labels" / "d.txt").is_file()
     assert written["detections"] == 4 and written["files"]["images"] == 1
     assert len(json.loads((tmp_path / "predictions.json").read_text())) == 4
+
+
+def test_the_rest_of_a_video_run_elsewhere_is_a_file_of_its_own(tmp_path):
+    from cluster.merge import write_outputs
+    runs = [NodeRun(Node(i, f"id{i}", "", 1, 0), 0, result={"ids": [[]], "files": {"videos/clip.mp4": data}})
+            for i, data in enumerate((b"first part", b"the rest"))]
+    write_outputs(str(tmp_path), runs, ["person"])
+    assert (tmp_path / "videos" / "clip.mp4").read_bytes() == b"first part"
+    assert (tmp_path / "videos" / "clip.part2.mp4").read_bytes() == b"the rest"

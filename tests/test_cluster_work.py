@@ -47,6 +47,7 @@ def test_a_video_that_was_partly_read_goes_back_as_its_rest():
     rest = video.rest({10, 11})
     assert (rest.first_id, rest.frames, rest.start, rest.name) == (12, 4, 4, "clip.mp4")
     assert rest.entry().start == 4 and rest.entry().frames == 4
+    assert video.rest({11}).first_id == 12, "a frame done after a gap: only the tail runs again"
 
 
 def test_the_lead_is_the_pipelines_depth_plus_seconds_of_measured_work():

@@ -78,7 +78,7 @@ def test_a_video_entry_yields_its_frames_from_its_start_and_a_restart_resumes(tm
         frames = [reader.next() for _ in range(2)]
     assert [f.ref.name for f in frames] == ["clip.mp4:000003", "clip.mp4:000004"]
     assert [grey_level(f.image) for f in frames] == [2, 3]  # frame i of the test video is grey i
-    assert frames[0].ref.item == 2 and frames[0].ref.index == 2
+    assert frames[0].ref.item == 2 and [f.ref.index for f in frames] == [0, 1]  # a video of its own
     with closing(FeedReader(plan, start=2)) as restarted:  # a successor of a reader that handed on two frames
         third = restarted.next()
         assert (third.ref.frame_id, third.ref.name) == (2, "clip.mp4:000005")
@@ -113,6 +113,7 @@ def test_a_pipeline_reads_its_feed_as_it_is_written_and_ends_at_the_end_lines(tm
     """The runner waits on an empty feed, takes lines written later,
     names the outputs as the lines do, and ends when every file has its end line."""
     folder, _plan = make_feed(tmp_path, readers=2)
+    clip = write_video(tmp_path / "clip.mp4", 12)
     repo = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, str(repo / "runner.py"), "--source", FEED_PREFIX + str(folder),
                              "--pre-workers", "2", "--workers", "1", "--preset", "none", "--imgsz", "64",
@@ -123,14 +124,24 @@ def test_a_pipeline_reads_its_feed_as_it_is_written_and_ends_at_the_end_lines(tm
             for i in range(first, first + 6):
                 append(folder, i % 2, FeedEntry("synthetic", "", f"s/{i:03d}.jpg", 1, i, scene=i).line())
             time.sleep(1.0)
+        # the rest of a video another node left (its frames 3..12): a video of its own here, kept
+        # whole (more frames than reader 0's ring has slots: a writer waiting for frame 1 stalls)
+        append(folder, 0, FeedEntry("video", str(clip), "clip.mp4", 10, 99, start=2).line())
         for reader in range(2):
             append(folder, reader, END)
         out, err = proc.communicate(timeout=240)
     finally:
-        proc.kill()
+        if proc.poll() is None:  # a failed test: SIGTERM drains and removes the run's shared memory
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert proc.returncode == 0, err.decode()[-2000:]
-    assert json.loads(out)["processed"] == 12
-    report = json.loads((tmp_path / "results" / "run" / "report.json").read_text())
-    assert report["frames"]["processed_ids"] == [[0, 11]]
-    assert sorted(p.name for p in (tmp_path / "results" / "run" / "images" / "s").iterdir()) == [
-        f"{i:03d}.jpg" for i in range(12)]
+    assert json.loads(out)["processed"] == 22
+    run_dir = tmp_path / "results" / "run"
+    report = json.loads((run_dir / "report.json").read_text())
+    ids = [i for first, last in report["frames"]["processed_ids"] for i in range(first, last + 1)]
+    assert ids == sorted({2 * k for k in range(16)} | {2 * k + 1 for k in range(6)})  # reader w's k-th: 2k + w
+    assert sorted(p.name for p in (run_dir / "images" / "s").iterdir()) == [f"{i:03d}.jpg" for i in range(12)]
+    assert [(v["video"], v["frames"]) for v in report["sources"]["videos"]] == [("videos/clip.mp4", 10)], report["sources"]

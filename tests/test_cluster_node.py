@@ -1,0 +1,72 @@
+"""The node actor's own parts without Ray (cluster/node.py): finishing twice gives one result,
+what the collector journaled is what the node finished, and its folder goes on close."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+from cluster.node import FeedRun, NodeRunner
+from workers.collector_journal import JOURNAL_NAME
+
+
+def make_runner(tmp_path, monkeypatch) -> NodeRunner:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return NodeRunner("node-x")
+
+
+def fake_run(runner: NodeRunner, readers: int = 2) -> FeedRun:
+    folder = os.path.join(runner.work_dir, "run-0")
+    os.makedirs(os.path.join(folder, "run"))
+    feeds = [open(os.path.join(folder, f"{r}.jsonl"), "ab", buffering=0) for r in range(readers)]
+    runner.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers)
+    return runner.run
+
+
+def test_finishing_twice_waits_for_one_runner_and_gives_one_result(tmp_path, monkeypatch):
+    runner = make_runner(tmp_path, monkeypatch)
+
+    async def scenario():
+        fake_run(runner)
+        runner.proc = await asyncio.create_subprocess_exec("sh", "-c", "sleep 0.3; echo '{}'",
+                                                           stdout=asyncio.subprocess.PIPE)
+        runner.waiter = asyncio.ensure_future(runner.proc.communicate())
+        first, second = await asyncio.gather(runner.finish(), runner.finish())
+        again = await runner.finish()
+        await runner.close()
+        return first, second, again
+
+    first, second, again = asyncio.run(scenario())
+    assert first is second is again and first["exit_code"] == 0 and first["stdout"].strip() == "{}"
+    assert not os.path.exists(runner.work_dir)
+
+
+def test_progress_counts_each_journaled_frame_once_per_reader_and_survives_a_cut_journal(tmp_path, monkeypatch):
+    runner = make_runner(tmp_path, monkeypatch)
+
+    async def scenario():
+        run = fake_run(runner)
+        await runner.feed([([10], {"kind": "synthetic", "location": "", "name": "s/10.jpg", "frames": 1, "item": 10}),
+                           ([11], {"kind": "synthetic", "location": "", "name": "s/11.jpg", "frames": 1, "item": 11}),
+                           ([12], {"kind": "synthetic", "location": "", "name": "s/12.jpg", "frames": 1, "item": 12})])
+        runner.proc = await asyncio.create_subprocess_exec("sleep", "30")
+        journal = os.path.join(run.folder, "run", JOURNAL_NAME)
+        lines = [json.dumps({"f": [0, 1, 0, 0, 0, 0, 0, [], []]}), json.dumps({"failed": {"id": 1}}),
+                 json.dumps({"stats": {"name": "pre-0"}}), json.dumps({"f": [0, 1, 0, 0, 0, 0, 0, [], []]})]
+        with open(journal, "w") as f:
+            f.write("\n".join(lines) + "\n" + '{"f": [2, 1')  # the last line still being written
+        first = await runner.progress()
+        with open(journal, "w") as f:  # a restarted collector cut its journal back and goes on
+            f.write(lines[0] + "\n" + json.dumps({"f": [2, 1, 0, 0, 0, 0, 0, [], []]}) + "\n")
+        second = await runner.progress()
+        runner.proc.kill()
+        await runner.proc.wait()
+        await runner.close()
+        return run, first, second
+
+    run, first, second = asyncio.run(scenario())
+    assert run.ids == [[10, 12], [11]], "each unit to the reader with the least work left"
+    assert first == {"fed": 3, "done": 2, "exit_code": None}
+    assert second["done"] == 3 and run.done_by_reader == [2, 1]
