@@ -59,6 +59,10 @@ def joined(address: str):
             connect(ray, address)
         except ConnectionError as exc:
             raise ClusterUnreachable(f"--ray {address}: {str(exc).splitlines()[0]}") from None
+        except SystemExit as exc:  # ray.init's own SIGTERM handler is sys.exit(signum)
+            if exc.code != signal.SIGTERM:
+                raise
+            raise Interrupted() from None
         signal.signal(signal.SIGTERM, _raise_interrupted)  # after ray.init, which sets its own
         yield ray
     finally:

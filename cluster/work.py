@@ -70,10 +70,6 @@ class WorkQueue:
     def __init__(self, units: list[Unit]):
         self.units = deque(units)
 
-    @property
-    def frames_left(self) -> int:
-        return sum(u.frames for u in self.units)
-
     def __bool__(self) -> bool:
         return bool(self.units)
 

@@ -168,6 +168,7 @@ DURATION_FPS_CEILING = 10_000
 def plan_source(cfg: RunConfig, download_dir: str = ""):
     """The frame plan; with --duration over a finite source, enough looped frames to outlast it.
     A video URL whose server cannot seek is downloaded into ``download_dir`` (see inputs.downloads)."""
+    from inputs.feed import is_feed
     from inputs.imageio import set_opencv_pixel_limit
     from inputs.sources import plan_frames
     from inputs.streams import StreamOptions
@@ -181,7 +182,7 @@ def plan_source(cfg: RunConfig, download_dir: str = ""):
                                vid_stride=cfg.vid_stride, streams=streams)
     except ValueError as exc:
         raise ConfigError(f"config source: {exc}") from None
-    if plan.source.startswith("feed:") and cfg.pre_workers != len(plan.items):
+    if is_feed(plan.source) and cfg.pre_workers != len(plan.items):
         raise ConfigError(f"config source: a feed of {len(plan.items)} files needs --pre-workers {len(plan.items)} "
                           f"(one reader per file), got {cfg.pre_workers}")
     return plan

@@ -314,3 +314,28 @@ def test_the_rest_of_a_video_run_elsewhere_is_a_file_of_its_own(tmp_path):
     write_outputs(str(tmp_path), runs, ["person"])
     assert (tmp_path / "videos" / "clip.mp4").read_bytes() == b"first part"
     assert (tmp_path / "videos" / "clip.part2.mp4").read_bytes() == b"the rest"
+
+
+def test_sigterm_while_ray_joins_is_interrupted_and_signals_at_the_end_are_only_said(monkeypatch, caplog):
+    """ray.init answers SIGTERM with sys.exit(15): joining turns it into Interrupted (exit 143,
+    not 15). Once the run is over, SIGINT and SIGTERM are said and the writing goes on."""
+    import os
+
+    from cluster import ray_session
+
+    class JoiningRay:
+        def init(self, **kwargs):
+            raise SystemExit(signal.SIGTERM)
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(ray_session, "import_ray", lambda: JoiningRay())
+    with pytest.raises(ray_session.Interrupted):
+        with ray_session.joined("auto"):
+            pass
+    with ray_session.signals_noted():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        written = True
+    assert written and "nearly done" in caplog.text
