@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
 
 
 def build_parser(json_errors: bool = False) -> Parser:
-    from workers.config import read_toml
+    from settings.config import read_toml
     from yolo.helpformat import DefaultsHelpFormatter
     try:
         defaults = read_toml(DEFAULT_CONFIG)
@@ -171,7 +171,7 @@ def build_parser(json_errors: bool = False) -> Parser:
 def flag_named(message: str, flags: dict) -> str:
     """Errors name the setting ("config imgsz: ..."); when its value came from a flag, name the
     flag the user typed instead ("--imgsz: ...")."""
-    from workers.config import flag_of
+    from settings.config import flag_of
     key, sep, rest = message.removeprefix("config ").partition(":")
     if message.startswith("config ") and sep and flags.get(key) is not None:
         return f"{flag_of(key, flags[key])}:{rest}"
@@ -212,7 +212,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
     from supervisor.processes import start_fork_server, stop_helper_processes
     from supervisor.run import UsageError, run_pipeline
     from sweep.trials import run_sweep, sweep_request
-    from workers.config import ConfigError, build_config, read_toml
+    from settings.config import ConfigError, build_config, read_toml
     started_s = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config_path, overrides = parse_args(argv)
@@ -261,7 +261,7 @@ def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bo
     """--ray: this process drives one pipeline per node of a Ray cluster (cluster/)."""
     from cluster.command import ClusterOptions, check_cluster_run, print_report, run_on_cluster
     from cluster.ray_session import Interrupted, RayMissing
-    from workers.config import ConfigError
+    from settings.config import ConfigError
     try:
         if sweep:
             raise ConfigError("--ray: --sweep tunes one machine; run it on a node without --ray")

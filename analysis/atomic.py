@@ -121,7 +121,7 @@ def _remove(path: str) -> None:
         pass
 
 
-# A JsonListFile's partial file, which a dead writer leaves (supervisor.salvage, workers.collector_journal).
+# A JsonListFile's partial file, which a dead writer leaves (supervisor.salvage, collector.journal).
 PARTIAL_LIST = re.compile(r"^\.(detections\.json|predictions\.json)\.\d+\.[0-9a-f]+\.partial$")
 
 
@@ -132,7 +132,7 @@ def whole_records(text: str) -> list:
 
 def whole_records_with_ends(data: bytes) -> list[tuple[object, int]]:
     """Each whole record of a JSON list file cut short, with the byte offset just past it (its
-    comma left out): where a writer that goes on appending cuts the file (workers.collector_journal)."""
+    comma left out): where a writer that goes on appending cuts the file (collector.journal)."""
     found = []
     lines = data.split(b"\n")
     start = len(lines[0]) + 1  # the first line is "["

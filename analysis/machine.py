@@ -4,6 +4,7 @@ back from the run, and the sweep bounds its settings by it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 
@@ -32,3 +33,12 @@ class Machine:
         return cls(cores=machine.get("cores") or cores or 1, device_type=device_type,
                    bf16=bool(machine.get("bf16", False)), gpus=gpus, openvino=bool(machine.get("openvino", False)),
                    forward_probe=machine.get("forward_probe"))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask (as ``taskset``, a cgroup cpuset or a
+    container's CPU set leave it), not the host's count, so worker counts follow what we get."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity masks on this platform
+        return os.cpu_count() or 1

@@ -118,7 +118,7 @@ def decode_share(job: tuple) -> int:
 
 
 def decode_loop(args: argparse.Namespace) -> int:
-    from workers.host import usable_cores
+    from analysis.machine import usable_cores
     from inputs.sources import plan_frames
 
     try:

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from workers.host import usable_cores
+from analysis.machine import usable_cores
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")

@@ -6,7 +6,7 @@ import os
 import platform
 
 from pipeline_plan import MATRIX_RATIOS
-from workers.host import usable_cores
+from analysis.machine import usable_cores
 from yolo.precision import has_native_bf16, read_cpu_flags  # torch-free
 
 MIB = 1024 * 1024

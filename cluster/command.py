@@ -18,7 +18,7 @@ from cluster.report import write_run_folder
 from cluster.work import units_of
 from inputs.sources import SYNTHETIC_SOURCE
 from supervisor.prepare import make_run_dir
-from workers.config import ConfigError, RunConfig
+from settings.config import ConfigError, RunConfig
 
 log = logging.getLogger("cluster")
 

@@ -28,8 +28,8 @@ import time
 
 from cluster.janitor import start_detached
 from inputs.feed import END, FEED_PREFIX, FeedEntry, feed_path
-from workers.collector_journal import JOURNAL_NAME
-from workers.config import RunConfig, config_toml
+from collector.journal import JOURNAL_NAME
+from settings.config import RunConfig, config_toml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RETURNED_FILES = ("report.json", "detections.json", "trace.json")

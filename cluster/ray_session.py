@@ -10,7 +10,7 @@ import signal
 import socket
 
 from cluster.node import REPO_ROOT
-from workers.config import ConfigError
+from settings.config import ConfigError
 
 log = logging.getLogger("cluster")
 

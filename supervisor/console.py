@@ -12,7 +12,7 @@ import time
 from tqdm import tqdm
 
 from analysis.printable import PrintableFormatter
-from workers.config import RunConfig
+from settings.config import RunConfig
 from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
 

@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from workers.config import RunConfig
+from settings.config import RunConfig
 from yolo.presets import MODEL_FREE
 
 log = logging.getLogger(__name__)

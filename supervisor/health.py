@@ -1,7 +1,7 @@
 """Which processes are alive and answering: each beats a heartbeat from a thread; one that is
 silent is judged with what the OS knows of it before it is handled as dead.
 
-Silence is measured on the watcher's own loop clock (workers.loop_clock): time the runner itself
+Silence is measured on the watcher's own loop clock (wire.loop_clock): time the runner itself
 was not running (SIGSTOP, Ctrl-Z, starved of CPU) is not silence, so every deadline re-arms when
 it resumes. A silent process the kernel has stopped, or one that neither runs nor waits to run
 (deadlocked), is named at once; one that runs (its CPU clock advances, or a thread waits for a
@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 
 from supervisor.liveness import look
-from workers.loop_clock import LoopClock
+from wire.loop_clock import LoopClock
 
 log = logging.getLogger("runner")
 

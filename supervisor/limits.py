@@ -15,7 +15,7 @@ import resource
 import psutil
 
 from topology.stages import stage_counts
-from workers.config import ConfigError, RunConfig
+from settings.config import ConfigError, RunConfig
 from yolo.presets import MODEL_FREE
 
 log = logging.getLogger(__name__)

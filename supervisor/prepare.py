@@ -17,9 +17,9 @@ from analysis.machine import Machine
 from backends.registry import check_backend
 from backends.registry import prepare_backend as prepare_backend_once
 from supervisor.limits import check_descriptors, check_frame_memory
-from workers.config import ConfigError, RunConfig
-from workers.host import usable_cores
-from workers.slots import SHM_DIR, aligned, free_bytes
+from settings.config import ConfigError, RunConfig
+from analysis.machine import usable_cores
+from sharedmem.slots import SHM_DIR, aligned, free_bytes
 from yolo.precision import choose_precision, has_native_bf16, read_cpu_flags
 from yolo.presets import MODEL_FREE, PRESETS
 

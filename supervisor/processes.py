@@ -20,10 +20,10 @@ import time
 
 from supervisor.limits import check_address_space
 from supervisor.signals import signals_held
-from workers.config import ConfigError
-from workers.ipc_dirs import use_short_tmpdir
+from settings.config import ConfigError
+from wire.ipc_dirs import use_short_tmpdir
 from topology.stages import KINDS, STAGES, index_of, role_of
-from workers.wiring import StageArgs
+from wire.wiring import StageArgs
 
 # What the fork server imports once, for every torch stage it forks.
 FORKSERVER_PRELOAD = ["torch", "torchvision", "cv2"] + [kind.module for kind in STAGES if kind.uses_torch]
@@ -79,7 +79,7 @@ class Launcher:
     def start(self, name: str, device: str = "cpu", torch_threads: int = 1, start_position: int = 0,
               poison: tuple[int, str] = (-1, ""), poison_frames: tuple[tuple[int, str], ...] = (),
               resume=None) -> None:
-        """``resume``: a restarted collector's workers.collector_journal.Resume."""
+        """``resume``: a restarted collector's collector.journal.Resume."""
         kind = KINDS[role_of(name)]
         incarnation = self.incarnations.get(name, -1) + 1
         args = dataclasses.replace(self.template, name=name, index=index_of(name),

@@ -33,15 +33,15 @@ from supervisor.processes import Launcher
 from supervisor import exit_codes
 from supervisor.signals import Interrupts
 from supervisor.watch import Watch
-from workers.collector_journal import remove_journal
-from workers.config import RunConfig
-from workers.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
+from collector.journal import remove_journal
+from settings.config import RunConfig
+from wire.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
 from topology.stages import endpoint_names, stage_counts, worker_names
-from workers.lifecycle import LOG_FORMAT
-from workers.wiring import Endpoints, StageArgs, Wire, make_endpoints
-from workers.messages import FINISHED, HEARTBEAT, PROGRESS, STOP, validate
-from workers.slots import remove_segments, remove_stale_segments
-from workers.transport import REPORT_LIMITS, TOKEN_BYTES, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
+from process.lifecycle import LOG_FORMAT
+from wire.wiring import Endpoints, StageArgs, Wire, make_endpoints
+from wire.messages import FINISHED, HEARTBEAT, PROGRESS, STOP, validate
+from sharedmem.slots import remove_segments, remove_stale_segments
+from wire.transport import REPORT_LIMITS, TOKEN_BYTES, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
 log = logging.getLogger("runner")
 

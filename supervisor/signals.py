@@ -4,7 +4,7 @@ The first one drains the run (stop reading, finish what is in flight, write a pa
 the second stops it at once, the third kills every process. Children are started with the stop
 signals blocked (:func:`signals_held`; a blocked mask survives fork and exec), so a Ctrl-C during
 start-up never prints a traceback per process, nor kills the fork server while it imports torch;
-each stage then takes its own signals and unblocks them (workers.lifecycle.enter_process). A
+each stage then takes its own signals and unblocks them (process.lifecycle.enter_process). A
 signal that reaches the runner while it starts a child waits, blocked, and is acted on when the
 child has started: it is never lost.
 """
@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass, field
 
 from supervisor.exit_codes import SIGNAL_EXIT_CODES
-from workers.lifecycle import STOP_SIGNALS
+from process.lifecycle import STOP_SIGNALS
 
 SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGHUP": "SIGHUP (terminal closed)"}  # what the user did, in their words
 

@@ -1,7 +1,7 @@
 """The runner's state while a run goes, and what it does on each event: a death or a hang (restart
 or stop), an interrupt (drain, stop, kill), a deadline (duration, drain, stop, stall), progress.
 
-Every deadline is measured on the watcher's loop clock (workers.loop_clock), so time the runner
+Every deadline is measured on the watcher's loop clock (wire.loop_clock), so time the runner
 itself was not running (SIGSTOP, Ctrl-Z, starved of CPU) re-arms them instead of ending the run.
 """
 
@@ -16,11 +16,11 @@ from supervisor.health import Health
 from supervisor.processes import Launcher
 from topology.stages import role_of
 from supervisor.signals import Interrupts
-from workers.collector_journal import Resume
-from workers.config import RunConfig
-from workers.in_hand import read_held
-from workers.messages import DRAIN, PEER_GONE, STOP
-from workers.transport import DropCounter, send_message
+from collector.journal import Resume
+from settings.config import RunConfig
+from sharedmem.in_hand import read_held
+from wire.messages import DRAIN, PEER_GONE, STOP
+from wire.transport import DropCounter, send_message
 
 log = logging.getLogger("runner")
 
@@ -149,7 +149,7 @@ class Watch:
             self.restarts.get("collector", 0) < self.cfg.max_restarts
 
     def restart_collector(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
-        """A new collector goes on from what the dead one wrote durably (workers.collector_journal);
+        """A new collector goes on from what the dead one wrote durably (collector.journal);
         the postprocess workers send it their last results again, told by the notice."""
         self.tell_gone(name, reason, signal_name, code, final=False)
         self.count_restart(name, reason)

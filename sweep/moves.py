@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from analysis.machine import Machine
-from workers.config import flag_of
+from settings.config import flag_of
 from topology.stages import ROLE_NAMES, ROLES
 
 if TYPE_CHECKING:  # the trial's analysis; sweep.search imports this module

@@ -9,7 +9,7 @@ import shlex
 
 from analysis.report import json_safe
 from topology.stages import ROLE_NAMES
-from workers.config import SWITCHES_OFF, flag_of
+from settings.config import SWITCHES_OFF, flag_of
 from sweep.search import SWEPT, SweepResult, Trial, mean_fps
 
 TRIAL_COLUMNS = ("trial", "purpose", *SWEPT, "fps", "latency_p50_ms", "latency_p95_ms", "cpu_ms_per_frame",

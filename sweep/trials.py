@@ -30,7 +30,7 @@ from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
 from supervisor import exit_codes
 from supervisor.prepare import plan_source, prepare_backend, resolve
 from supervisor.run import UsageError, run_pipeline
-from workers.config import ConfigError, RunConfig, build_config, config_toml, read_toml
+from settings.config import ConfigError, RunConfig, build_config, config_toml, read_toml
 from yolo.presets import MODEL_FREE
 
 log = logging.getLogger("runner")

@@ -10,9 +10,9 @@ from typing import Any
 import msgpack
 import zmq
 
-from workers.messages import (ACK, CREDIT, DRAIN, END, FAILED, FRAME, HEARTBEAT, PEER_GONE,
+from wire.messages import (ACK, CREDIT, DRAIN, END, FAILED, FRAME, HEARTBEAT, PEER_GONE,
                               PROGRESS, RELEASE, RESULT, SCHEMAS, STATS, STOP)
-from workers.transport import Limits, make_socket
+from wire.transport import Limits, make_socket
 
 TOKEN = bytes(range(16))
 LOG = logging.getLogger("fuzz")

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from workers.lifecycle import TITLE_PREFIX
-from workers.slots import SEGMENT_PREFIX, SHM_DIR
+from process.lifecycle import TITLE_PREFIX
+from sharedmem.slots import SEGMENT_PREFIX, SHM_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_NAME = "run"

@@ -11,7 +11,7 @@ from analysis.report import build_report
 from analysis.resources import cpu_between, cumulative_cpu, peak_pss_total, process_usage, resource_report
 from tests.analysis_runs import MIB, steady_run
 from tests.live_run import REPO
-from workers.resources import ResourceSampler
+from process.resources import ResourceSampler
 
 MB = 1_000_000
 
@@ -158,7 +158,7 @@ def test_a_worker_that_exited_before_any_sample_is_reported_under_its_name():
 def test_own_usage_reports_the_peak_of_memory_already_freed():
     """The high-water mark keeps a peak that fell between samples (a decoded image freed)."""
     code = ("import numpy as np\n"
-            "from workers.clock import own_usage\n"
+            "from process.clock import own_usage\n"
             "before = own_usage()\n"
             "block = np.ones(300 << 20, np.uint8); del block\n"
             "after = own_usage()\n"

@@ -13,7 +13,7 @@ import pytest
 
 import runner
 from supervisor.prepare import RUN_OUTPUT_DIRS, clear_run_outputs, device_specs, free_run_name
-from workers.config import ConfigError, RunConfig, flag_of
+from settings.config import ConfigError, RunConfig, flag_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,6 +1,6 @@
 """Cluster runs (runner.py --ray) on ray.cluster_utils.Cluster: simulated nodes on this machine,
 one module-scoped cluster: a head without CPUs, a fast node, and a slow one whose preprocessing
-burns 15 CPU-ms a frame (workers.faults, through the environment its processes inherit). Each
+burns 15 CPU-ms a frame (process.faults, through the environment its processes inherit). Each
 test checks that nothing of ours is left: no runner, guard or stage process, no /dev/shm
 segment, no ipc folder (the nodes' TMPDIR is a private folder)."""
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workers.faults import TEST_SLOW_ENV
-from workers.ipc_dirs import IPC_DIR_PREFIX
-from workers.slots import SEGMENT_PREFIX, SHM_DIR
+from process.faults import TEST_SLOW_ENV
+from wire.ipc_dirs import IPC_DIR_PREFIX
+from sharedmem.slots import SEGMENT_PREFIX, SHM_DIR
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r requirements-ray.txt)")
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -9,7 +9,7 @@ import os
 import time
 
 from cluster.node import FeedRun, NodeRunner
-from workers.collector_journal import JOURNAL_NAME
+from collector.journal import JOURNAL_NAME
 
 
 def make_runner(tmp_path, monkeypatch) -> NodeRunner:

@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.console import model_words
 from supervisor.run import frames_planned
-from workers.config import RunConfig
+from settings.config import RunConfig
 from yolo.precision import has_native_bf16, read_cpu_flags
 
 

@@ -25,7 +25,7 @@ import pytest
 import zmq
 
 from tests.live_run import REPO, SMALL_RUN
-from workers.faults import TEST_SLOW_ENV
+from process.faults import TEST_SLOW_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +102,7 @@ def test_a_ring_larger_than_the_free_shared_memory_is_refused_not_a_sigbus(tmp_p
     file), where a sparse file would kill its writer with SIGBUS later."""
     folder = tmp_path / "shm"
     folder.mkdir()
-    probe = ("import errno, os; from workers.slots import SlotRing\n"
+    probe = ("import errno, os; from sharedmem.slots import SlotRing\n"
              f"try:\n    SlotRing('ring', 1 << 20, 8, directory={str(folder)!r})\n"
              "except OSError as exc:\n    print('refused', errno.errorcode[exc.errno], os.listdir("
              f"{str(folder)!r}))\n")

@@ -19,7 +19,7 @@ from inputs.frames import FrameReadError
 from inputs.sources import plan_frames
 from supervisor.prepare import plan_source
 from tests.media import grey_level, write_video
-from workers.config import ConfigError, RunConfig
+from settings.config import ConfigError, RunConfig
 
 
 def make_feed(tmp_path, readers: int = 1):

@@ -16,13 +16,13 @@ import pytest
 import zmq
 
 from supervisor.health import Health
-from workers.wiring import Endpoints, Wire
-from workers.links import Downstream, Upstream
-from workers.frame_header import FrameHeader
-from workers.messages import (ACK, CREDIT, END, FAILED, FRAME, HEARTBEAT, RELEASE, RESULT,
+from wire.wiring import Endpoints, Wire
+from wire.links import Downstream, Upstream
+from wire.frame_header import FrameHeader
+from wire.messages import (ACK, CREDIT, END, FAILED, FRAME, HEARTBEAT, RELEASE, RESULT,
                               validate)
-from workers.slots import SlotError, SlotRing, SlotViews, segment_name
-from workers.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
+from sharedmem.slots import SlotError, SlotRing, SlotViews, segment_name
+from wire.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
 
 from tests.fuzzing import (TOKEN, LOG, FUZZ_ROUNDS, FUZZ_SEED, ALL_TYPES, SMALL_LIMITS, random_value, good_headers, mutate_header, mutate_value, mutate_bytes, pack, fuzz_message, socket_pair)
 
@@ -202,7 +202,7 @@ def test_slot_returns_ignore_results_that_name_no_slot(ctx, made, tmp_path):
     send nothing, raise nothing; a well-formed one still goes to its preprocess worker."""
     from types import SimpleNamespace
 
-    from workers.links import SlotReturns
+    from wire.links import SlotReturns
     rng = random.Random(FUZZ_SEED + 8)
     endpoint = f"ipc://{tmp_path}/returns.ipc"
     pull = make_socket(ctx, zmq.PULL, linger_ms=0)

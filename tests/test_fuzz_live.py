@@ -15,8 +15,8 @@ import pytest
 import zmq
 
 from supervisor.health import Health
-from workers.faults import TEST_SLOW_ENV
-from workers.messages import (ACK, CREDIT, FAILED, HEARTBEAT, PEER_GONE, PROGRESS, RELEASE, RESULT,
+from process.faults import TEST_SLOW_ENV
+from wire.messages import (ACK, CREDIT, FAILED, HEARTBEAT, PEER_GONE, PROGRESS, RELEASE, RESULT,
                               STATS)
 
 from tests.fuzzing import (TOKEN, FUZZ_SEED, good_headers, mutate_header, mutate_bytes, pack, fuzz_message)

@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.health import Health
 from supervisor.liveness import look
-from workers.loop_clock import LoopClock
+from wire.loop_clock import LoopClock
 
 TIMEOUT_S = 1.0
 

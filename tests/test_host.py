@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from supervisor.prepare import DURATION_FPS_CEILING, plan_source, resolve
-from workers.config import RunConfig
-from workers.host import usable_cores
+from settings.config import RunConfig
+from analysis.machine import usable_cores
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,7 +24,7 @@ def test_usable_cores_is_the_affinity_mask_not_the_host_count():
 def test_worker_counts_follow_a_taskset_mask():
     # A run confined to one core (taskset, a cpuset) plans one worker per stage, not one per host core.
     code = ("import os, json; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
-            "from supervisor.prepare import resolve; from workers.config import RunConfig;"
+            "from supervisor.prepare import resolve; from settings.config import RunConfig;"
             "cfg, machine, _ = resolve(RunConfig());"
             "print(json.dumps([machine.cores, cfg.pre_workers, cfg.infer_workers, cfg.post_workers]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from analysis.atomic import JsonListFile
-from workers.ledger import FRAME_TIMES, OPEN_ID_SLACK, Ledger
+from collector.ledger import FRAME_TIMES, OPEN_ID_SLACK, Ledger
 from inputs.plans import FramePlan, SourceItem
 
 

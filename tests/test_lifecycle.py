@@ -4,7 +4,7 @@ intra-op threads work on the frame beside the thread that called the forward."""
 import threading
 import time
 
-from workers.clock import Clock
+from process.clock import Clock
 
 HELPER_CPU_S = 0.2
 

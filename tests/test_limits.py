@@ -16,9 +16,9 @@ import pytest
 from supervisor.limits import check_frame_memory, descriptors_needed
 from supervisor.prepare import make_run_dir, resolve
 from tests.live_run import SMALL_RUN
-from workers.config import ConfigError, RunConfig
-from workers.failure_log import FIRST_LOGGED
-from workers.ipc_dirs import IPC_DIR_PREFIX, make_ipc_dir, use_short_tmpdir
+from settings.config import ConfigError, RunConfig
+from process.failure_log import FIRST_LOGGED
+from wire.ipc_dirs import IPC_DIR_PREFIX, make_ipc_dir, use_short_tmpdir
 
 QUICK = (*SMALL_RUN, "--preset", "none", "--frames", "8", "--save-images", "none")
 
@@ -108,7 +108,7 @@ def test_a_tmpdir_too_long_for_socket_paths_uses_a_short_one(live, tmp_path):
 def test_no_short_folder_for_socket_paths_is_a_usage_error_naming_tmpdir(tmp_path, monkeypatch):
     import tempfile
 
-    import workers.ipc_dirs as ipc_dirs
+    import wire.ipc_dirs as ipc_dirs
     long_tmp = tmp_path / ("t" * 90)
     long_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import zmq
 
-from workers.wiring import Wire
-from workers.links import Downstream, Upstream, parse_identity
-from workers.transport import DropCounter, make_socket, send_message
+from wire.wiring import Wire
+from wire.links import Downstream, Upstream, parse_identity
+from wire.transport import DropCounter, make_socket, send_message
 
 TOKEN = b"t" * 16
 WIRE = Wire(TOKEN)
@@ -150,7 +150,7 @@ def test_the_wait_for_the_last_acks_leaves_out_time_the_process_was_stopped(ctx,
     """A frame sent and never acked, the stage's input done: a whole run stopped with Ctrl-Z for
     longer than DRAIN_TIMEOUT_S does not give up at `fg`; the drain waits DRAIN_TIMEOUT_S of
     running time, and only then gives up."""
-    import workers.links as links
+    import wire.links as links
     endpoint = f"ipc://{tmp_path}/p.ipc"
     down = producer(ctx, made, endpoint, consumers=("c-0",))
     consumer(ctx, made, endpoint, "c-0.0", credit=1)

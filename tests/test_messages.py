@@ -2,9 +2,9 @@
 
 import pytest
 
-from workers.frame_header import INFER_FRAME, FrameHeader
-from workers.messages import ACK, FAILED, RESULT, SCHEMAS, STATS, check_fields, validate
-from workers.transport import ProtocolError
+from wire.frame_header import INFER_FRAME, FrameHeader
+from wire.messages import ACK, FAILED, RESULT, SCHEMAS, STATS, check_fields, validate
+from wire.transport import ProtocolError
 
 
 def good_result() -> dict:

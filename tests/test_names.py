@@ -12,8 +12,8 @@ import pytest
 from analysis.printable import printable
 from tests.conftest import fixture_path
 from tests.live_run import SMALL_RUN
-from workers.faults import TEST_CRASH_ENV
-from workers.in_hand import NOTHING, InHand, poison_named, read_held, read_in_hand
+from process.faults import TEST_CRASH_ENV
+from sharedmem.in_hand import NOTHING, InHand, poison_named, read_held, read_in_hand
 
 pytestmark = pytest.mark.slow
 

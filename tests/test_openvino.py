@@ -163,7 +163,7 @@ def test_a_torch_run_times_openvinos_forward_beside_torchs_for_its_lever(openvin
 
 def test_no_probe_without_a_cached_conversion_nor_where_the_lever_cannot_apply(tmp_path, monkeypatch):
     from supervisor.forward_probe import probe_forwards
-    from workers.config import RunConfig
+    from settings.config import RunConfig
     from inputs.sources import plan_frames
     plan = plan_frames(str(fixture_path("bus.jpg")), 1)
     cfg = RunConfig(weights=str(fixture_path("yolov5n.pt")), imgsz=160)

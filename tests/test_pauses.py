@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.live_run import SMALL_RUN
-from workers.faults import TEST_SLOW_ENV
+from process.faults import TEST_SLOW_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from workers.host import usable_cores
-from workers.faults import TEST_SLOW_ENV
+from analysis.machine import usable_cores
+from process.faults import TEST_SLOW_ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -13,9 +13,9 @@ import pytest
 from analysis.atomic import JsonListFile, whole_records
 from analysis.samples import Samples
 from tests.live_run import SMALL_RUN
-from workers.collector_journal import JOURNAL_NAME, Journal, frame_row, reload
-from workers.ledger import FRAME_TIMES
-from workers.faults import TEST_SLOW_ENV
+from collector.journal import JOURNAL_NAME, Journal, frame_row, reload
+from collector.ledger import FRAME_TIMES
+from process.faults import TEST_SLOW_ENV
 
 
 def test_whole_records_keep_every_line_that_parses_up_to_the_cut():

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from workers.ipc_dirs import IPC_DIR_PREFIX, remove_stale_ipc_dirs
-from workers.slots import (SEGMENT_PREFIX, SlotError, SlotRing, SlotViews, remove_segments, remove_stale_segments,
+from wire.ipc_dirs import IPC_DIR_PREFIX, remove_stale_ipc_dirs
+from sharedmem.slots import (SEGMENT_PREFIX, SlotError, SlotRing, SlotViews, remove_segments, remove_stale_segments,
                            segment_name)
 
 TAG = f"{os.getpid()}-test"

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from inputs.frames import Frame, FrameRef, VideoInfo
-from workers.config import build_config
-from workers.frame_header import FrameHeader
+from settings.config import build_config
+from wire.frame_header import FrameHeader
 from workers.inference import Waiting, _due_batch, _poll_timeout_ms, _to_post
 from workers.postprocess import Outputs, postprocess
 from workers.preprocess import FramesOut, prepare
-from workers.slots import SlotViews
+from sharedmem.slots import SlotViews
 
 CFG = build_config({}, {"batch_size": 4, "max_wait_ms": 50.0, "imgsz": 64, "save_images": "all"})
 

@@ -18,7 +18,7 @@ from sweep.search import (GAIN_THRESHOLD, Machine, Measurement, Settings, Sweep,
                             propose)
 from sweep.output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
 from sweep.plot import settings_rows, sweep_png
-from workers.config import build_config, config_toml, read_toml
+from settings.config import build_config, config_toml, read_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

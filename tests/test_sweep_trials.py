@@ -17,7 +17,7 @@ from supervisor import exit_codes
 from supervisor.run import Outcome
 from sweep import trials
 from sweep.search import Machine, Settings, Sweep, SweepInterrupted
-from workers.config import build_config, read_toml
+from settings.config import build_config, read_toml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

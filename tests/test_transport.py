@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import zmq
 
-from workers.transport import (
+from wire.transport import (
     LINGER_MS,
     CurveKeys,
     Limits,
@@ -289,7 +289,7 @@ def test_curve_refuses_a_client_without_the_runs_server_key(ctx, sockets):
 
 
 def test_drop_counter_logs_each_kind_once(caplog):
-    from workers.transport import DropCounter
+    from wire.transport import DropCounter
     import logging
     drops = DropCounter(logging.getLogger("drops"))
     for _ in range(3):

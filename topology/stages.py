@@ -34,7 +34,7 @@ STAGES = (
               takes_from="pre"),
     StageKind("post", "postprocess", "workers.postprocess", uses_torch=True, count_field="post_workers", binds=(),
               takes_from="infer"),
-    StageKind("collector", "collector", "workers.collector", uses_torch=False, count_field=None, takes_from="post"),
+    StageKind("collector", "collector", "collector.collector", uses_torch=False, count_field=None, takes_from="post"),
 )
 KINDS = {kind.role: kind for kind in STAGES}
 ROLES = tuple(kind.role for kind in STAGES if kind.count_field)  # the stages that work on frames, in order

@@ -20,16 +20,16 @@ import zmq
 from analysis.samples import Samples
 from backends.registry import load_backend
 from topology.stages import consumers_of
-from workers.clock import Clock, poll, worker_stats
-from workers.control import Control, Heartbeat
-from workers.faults import TestFaults
-from workers.lifecycle import enter_process, set_thread_counts, setup_logging
-from workers.in_hand import InHand
-from workers.links import Downstream, Upstream
-from workers.frame_header import FrameHeader
-from workers.slots import SlotError, SlotViews
-from workers.wiring import StageArgs
-from workers.transport import DropCounter, ProtocolError, make_socket, send_message
+from process.clock import Clock, poll, worker_stats
+from process.control import Control, Heartbeat
+from process.faults import TestFaults
+from process.lifecycle import enter_process, set_thread_counts, setup_logging
+from sharedmem.in_hand import InHand
+from wire.links import Downstream, Upstream
+from wire.frame_header import FrameHeader
+from sharedmem.slots import SlotError, SlotViews
+from wire.wiring import StageArgs
+from wire.transport import DropCounter, ProtocolError, make_socket, send_message
 from yolo.detect import DetectOptions
 from yolo.letterbox import LETTERBOX_STRIDE
 from yolo.precision import choose_precision

@@ -18,18 +18,18 @@ import torch
 import zmq
 
 from analysis.samples import Samples
-from workers.failure_log import FailureLog
-from workers.clock import Clock, poll, worker_stats
-from workers.control import Control, Heartbeat
-from workers.faults import TestFaults
-from workers.lifecycle import enter_process, set_thread_counts, setup_logging
-from workers.in_hand import InHand
-from workers.links import SlotReturns, Upstream
-from workers.frame_header import FrameHeader
-from workers.messages import RESULT
-from workers.slots import SlotError, SlotViews
-from workers.wiring import StageArgs
-from workers.transport import DropCounter, ProtocolError, make_socket, send_message
+from process.failure_log import FailureLog
+from process.clock import Clock, poll, worker_stats
+from process.control import Control, Heartbeat
+from process.faults import TestFaults
+from process.lifecycle import enter_process, set_thread_counts, setup_logging
+from sharedmem.in_hand import InHand
+from wire.links import SlotReturns, Upstream
+from wire.frame_header import FrameHeader
+from wire.messages import RESULT
+from sharedmem.slots import SlotError, SlotViews
+from wire.wiring import StageArgs
+from wire.transport import DropCounter, ProtocolError, make_socket, send_message
 from yolo.coco import coco_results
 from yolo.crops import crop_box, crop_paths
 from yolo.detect import annotated_name, detection_records, final_detections, in_full_size
@@ -44,7 +44,7 @@ RESEND_WINDOW = 256  # results kept after sending: those a collector that died h
 class SentResults:
     """The last results and failures sent to the collector. When it dies, those it had not yet
     written die with it (in its queues, or its memory); they go again to its next incarnation,
-    which counts each frame once (workers.collector_journal). A frame sent before the window is
+    which counts each frame once (collector.journal). A frame sent before the window is
     written, or, if it was lost too, accounted as lost at the end."""
 
     def __init__(self, results_out, token: bytes):

@@ -12,19 +12,19 @@ import numpy as np
 import zmq
 
 from analysis.samples import Samples
-from workers.failure_log import FailureLog
-from workers.in_hand import NOTHING, InHand
+from process.failure_log import FailureLog
+from sharedmem.in_hand import NOTHING, InHand
 from topology.stages import consumers_of
-from workers.clock import Clock, poll, worker_stats
-from workers.control import Control, Heartbeat
-from workers.faults import TestFaults
-from workers.frame_header import FrameHeader, VideoPlace
-from workers.lifecycle import enter_process, set_thread_counts, setup_logging
-from workers.links import Downstream
-from workers.messages import FAILED, RELEASE, validate
-from workers.slots import SHM_DIR, SlotRing, segment_name
-from workers.wiring import StageArgs
-from workers.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
+from process.clock import Clock, poll, worker_stats
+from process.control import Control, Heartbeat
+from process.faults import TestFaults
+from wire.frame_header import FrameHeader, VideoPlace
+from process.lifecycle import enter_process, set_thread_counts, setup_logging
+from wire.links import Downstream
+from wire.messages import FAILED, RELEASE, validate
+from sharedmem.slots import SHM_DIR, SlotRing, segment_name
+from wire.wiring import StageArgs
+from wire.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
 from inputs.frames import Frame, FrameReadError, StreamError
 from inputs.imageio import DecodeOptions
 from yolo.letterbox import LETTERBOX_STRIDE, bgr_to_rgb_chw, letterbox

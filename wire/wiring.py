@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from topology.stages import KINDS, endpoint_names, process_names
-from workers.transport import CurveKeys, ipc_endpoint
+from wire.transport import CurveKeys, ipc_endpoint
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class StageArgs:
 
     name: str  # e.g. "infer-1"
     index: int
-    config: object  # workers.config.RunConfig
+    config: object  # settings.config.RunConfig
     plan: object  # inputs.sources.FramePlan
     endpoints: Endpoints
     wire: Wire

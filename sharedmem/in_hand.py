@@ -3,14 +3,14 @@ runner reads it after the worker died: a preprocess worker the position in its s
 it reads, an inference worker the ids of the batch it runs, a postprocess worker the id of the
 frame it finishes. A frame that kills its worker twice is then failed with the reason, not handed
 to a worker a third time (each try would cost a restart, and the run would abort when they ran
-out). The file goes with the run's segments (workers.slots.remove_segments)."""
+out). The file goes with the run's segments (sharedmem.slots.remove_segments)."""
 
 from __future__ import annotations
 
 import os
 import struct
 
-from workers.slots import SHM_DIR, segment_name
+from sharedmem.slots import SHM_DIR, segment_name
 
 NOTHING = -1  # no frame in hand: waiting for credit or input
 _COUNT = "<q"  # how many values follow, each a signed 64-bit position or frame id

@@ -10,11 +10,11 @@ import time
 import zmq
 
 from topology.stages import role_of
-from workers.in_hand import poison_named
-from workers.lifecycle import ReceivedSignals
-from workers.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
-from workers.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
-from workers.wiring import StageArgs
+from sharedmem.in_hand import poison_named
+from process.lifecycle import ReceivedSignals
+from wire.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
+from wire.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
+from wire.wiring import StageArgs
 
 HEARTBEAT_INTERVAL_S = 0.5
 CONTROL_TYPES = frozenset({DRAIN, STOP, PEER_GONE})

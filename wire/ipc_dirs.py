@@ -8,8 +8,7 @@ import os
 import shutil
 import tempfile
 
-from workers.slots import pid_alive
-from workers.transport import IPC_PATH_MAX_BYTES
+from wire.transport import IPC_PATH_MAX_BYTES
 
 IPC_DIR_PREFIX = "yolo-ipc-"  # + the runner's pid + "-" + random
 FALLBACK_DIR = "/tmp"  # when TMPDIR is too long for socket paths
@@ -76,3 +75,14 @@ def remove_stale_ipc_dirs(directory: str | None = None) -> list[str]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.name)
     return removed
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that pid exists (a runner's: the leftovers named after it are in use)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

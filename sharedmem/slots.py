@@ -29,7 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from workers.transport import plain_dtype
+from wire.ipc_dirs import pid_alive
+from wire.transport import plain_dtype
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 SEGMENT_PREFIX = "yolo-pipeline-"
@@ -256,17 +257,6 @@ def _segment_files(directory: str) -> list[str]:
         return [n for n in os.listdir(directory) if n.startswith(SEGMENT_PREFIX)]
     except OSError:
         return []
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process of that pid exists (a runner's: the leftovers named after it are in use)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def _unlink_quietly(path: str) -> None:

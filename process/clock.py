@@ -14,8 +14,8 @@ import psutil
 import zmq
 
 from analysis.samples import Samples
-from workers.transport import DropCounter
-from workers.wiring import StageArgs
+from wire.transport import DropCounter
+from wire.wiring import StageArgs
 
 
 @dataclass

@@ -25,10 +25,10 @@ import numpy as np
 import zmq
 
 from topology.stages import process_names
-from workers.wiring import Wire
-from workers.loop_clock import LoopClock
-from workers.messages import ACK, CREDIT, END, FRAME, RELEASE, validate
-from workers.transport import FRAME_LIMITS, DropCounter, Message, ProtocolError, make_socket, recv_message, send_message
+from wire.wiring import Wire
+from wire.loop_clock import LoopClock
+from wire.messages import ACK, CREDIT, END, FRAME, RELEASE, validate
+from wire.transport import FRAME_LIMITS, DropCounter, Message, ProtocolError, make_socket, recv_message, send_message
 
 DRAIN_TIMEOUT_S = 30.0  # after end-of-stream: how long to wait without any ack before giving up
 LINK_TYPES = frozenset({CREDIT, ACK})

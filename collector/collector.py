@@ -11,19 +11,19 @@ import time
 
 import zmq
 
-from workers.collector_journal import Journal, Resume, frame_row, reload
-from workers.host import usable_cores
-from workers.ledger import Expected, Ledger, account_missing
-from workers.clock import Clock, poll, worker_stats
-from workers.control import Control, Heartbeat
-from workers.lifecycle import enter_process, set_thread_counts, setup_logging
-from workers.links import SlotReturns
-from workers.messages import FAILED, FINISHED, PROGRESS, RESULT, STATS, validate
-from workers.resources import ResourceSampler
-from workers.slots import SlotError, SlotViews
-from workers.transport import REPORT_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
-from workers.videos import AnnotatedVideos
-from workers.wiring import StageArgs
+from collector.journal import Journal, Resume, frame_row, reload
+from analysis.machine import usable_cores
+from collector.ledger import Expected, Ledger, account_missing
+from process.clock import Clock, poll, worker_stats
+from process.control import Control, Heartbeat
+from process.lifecycle import enter_process, set_thread_counts, setup_logging
+from wire.links import SlotReturns
+from wire.messages import FAILED, FINISHED, PROGRESS, RESULT, STATS, validate
+from process.resources import ResourceSampler
+from sharedmem.slots import SlotError, SlotViews
+from wire.transport import REPORT_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
+from collector.videos import AnnotatedVideos
+from wire.wiring import StageArgs
 
 POLL_TIMEOUT_MS = 100
 PROGRESS_INTERVAL_S = 0.25

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 
 from analysis.atomic import PARTIAL_LIST, whole_records_with_ends
-from workers.ledger import FRAME_TIMES
+from collector.ledger import FRAME_TIMES
 
 JOURNAL_NAME = ".collector-journal.partial"  # in the run folder, next to the lists it vouches for
 LISTS = ("detections.json", "predictions.json")
@@ -158,7 +158,7 @@ def reload(run_dir: str) -> Reloaded:
 
 
 def frame_row(line: list) -> dict:
-    """A frame's row, as workers.ledger.Ledger.add_result takes it, from its journal line
+    """A frame's row, as collector.ledger.Ledger.add_result takes it, from its journal line
     ``[id, batch, image_saved, cold, detections, records in each list..., [times], [name, pre, infer, post]]``."""
     (frame_id, batch, saved, cold, found), times, (name, pre, infer, post) = line[:5], line[7], line[8]
     return {"id": frame_id, "name": name, "t": dict(zip(FRAME_TIMES, times)), "batch": batch,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.transport import ProtocolError
+from wire.transport import ProtocolError
 
-# Link protocol (credit-based ROUTER/DEALER, see workers/links.py).
+# Link protocol (credit-based ROUTER/DEALER, see wire/links.py).
 CREDIT = "credit"  # consumer -> producer: you may send me n more frames
 ACK = "ack"  # consumer -> producer: these frame ids are passed on (returns their credit)
 FRAME = "frame"  # producer -> consumer
@@ -38,7 +38,7 @@ _TIMES = DICT  # {"read_start": float, ...}: checked by _check_times
 SCHEMAS: dict[str, dict[str, str]] = {
     CREDIT: {"n": INT},
     ACK: {"ids": LIST, "n": INT, "to": STR, "release": "?list"},
-    FRAME: {"id": INT, "src": STR},  # what the link needs; the receiving stage checks the rest (workers.frame_header)
+    FRAME: {"id": INT, "src": STR},  # what the link needs; the receiving stage checks the rest (wire.frame_header)
     END: {},
     RELEASE: {"seg": STR, "items": LIST},
     # The optional fields of results and failures are what the collector acts on (a video frame to

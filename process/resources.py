@@ -9,8 +9,8 @@ import time
 
 import psutil
 
-from workers.lifecycle import TITLE_PREFIX
-from workers.messages import is_number
+from process.lifecycle import TITLE_PREFIX
+from wire.messages import is_number
 
 MAX_SAMPLES_PER_PROCESS = 2000  # then every other sample is dropped and sampling slows by half
 
@@ -91,7 +91,7 @@ class ResourceSampler:
             self.every *= 2
 
     def add_exit_usage(self, name: str, pid: int, usage: dict) -> None:
-        """A worker's own last sample (:func:`workers.lifecycle.own_usage`), under the name its
+        """A worker's own last sample (:func:`process.lifecycle.own_usage`), under the name its
         stats carry: the process may have exited before any sample, or been seen only before it
         took its title."""
         sample, peak = usage.get("sample"), usage.get("peak_rss_bytes")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from workers.messages import BOOL, DICT, FAILED, FLOAT, INT, LIST, STR, check_fields
+from wire.messages import BOOL, DICT, FAILED, FLOAT, INT, LIST, STR, check_fields
 from yolo.letterbox import LetterboxInfo
 
 # The fields a stage relies on in a frame from preprocess, and from inference.
