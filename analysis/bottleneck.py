@@ -13,7 +13,7 @@ the same cores); with cores to spare, more workers for the limiting stage do."""
 
 from __future__ import annotations
 
-from topology.stages import ROLE_NAMES, ROLES
+from topology.stages import frame_roles, title
 from analysis.stats import ratio
 from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
 
@@ -53,19 +53,19 @@ def cpu_shares(cpu_by_role: dict[str, float], cpu_ms_per_frame: float | None) ->
 
 def busiest(stages: dict) -> str | None:
     """The role whose workers were busiest by wall time; the busier by CPU time on a tie."""
-    present = [r for r in ROLES if stages[r]["workers"]]
+    present = [r for r in frame_roles() if stages[r]["workers"]]
     return max(present, key=lambda r: (stages[r]["utilisation"], stages[r]["cpu_utilisation"] or 0.0), default=None)
 
 
 def queue_evidence(stages: dict, role: str) -> str:
     """Who waits on whom around ``role``: the stage before held back, the one after starved."""
-    parts = [f"{ROLE_NAMES[role]} busy {100 * stages[role]['utilisation']:.0f} % of its time"]
-    i = ROLES.index(role)
-    if i > 0 and stages[ROLES[i - 1]]["blocked_fraction"] >= QUEUE_NOTE:
-        parts.append(f"{ROLE_NAMES[ROLES[i - 1]]} held back by it {100 * stages[ROLES[i - 1]]['blocked_fraction']:.0f} %"
+    parts = [f"{title(role)} busy {100 * stages[role]['utilisation']:.0f} % of its time"]
+    i = frame_roles().index(role)
+    if i > 0 and stages[frame_roles()[i - 1]]["blocked_fraction"] >= QUEUE_NOTE:
+        parts.append(f"{title(frame_roles()[i - 1])} held back by it {100 * stages[frame_roles()[i - 1]]['blocked_fraction']:.0f} %"
                      " (blocked on output)")
-    if i + 1 < len(ROLES) and stages[ROLES[i + 1]]["wait_fraction"] >= QUEUE_NOTE:
-        parts.append(f"{ROLE_NAMES[ROLES[i + 1]]} starved {100 * stages[ROLES[i + 1]]['wait_fraction']:.0f} %"
+    if i + 1 < len(frame_roles()) and stages[frame_roles()[i + 1]]["wait_fraction"] >= QUEUE_NOTE:
+        parts.append(f"{title(frame_roles()[i + 1])} starved {100 * stages[frame_roles()[i + 1]]['wait_fraction']:.0f} %"
                      " (waiting for input)")
     return ", ".join(parts)
 
@@ -107,7 +107,7 @@ class Levers:
         self.stages = stages
         self.cores = cores
         self.cpu_ms = cpu_ms_per_frame
-        self.capacities = {r: stages[r]["capacity"]["fps"] for r in ROLES}
+        self.capacities = {r: stages[r]["capacity"]["fps"] for r in frame_roles()}
         self.now = pipeline_bound(self.capacities, cores, cpu_ms_per_frame)
 
     def bound_after(self, role: str | None = None, stage_ms_saved: float = 0.0, cpu_ms_saved: float = 0.0,
@@ -186,7 +186,7 @@ class Levers:
         if self.now["bound_fps"] and after["bound_fps"] <= self.now["bound_fps"] * 1.01:
             return None
         return {"flag": f"--{role}-workers {count + 1}",
-                "text": (f"add --{role}-workers (now {count}): {ROLE_NAMES[role]}'s capacity would rise from "
+                "text": (f"add --{role}-workers (now {count}): {title(role)}'s capacity would rise from "
                          f"{cap:.1f} to {new_cap:.1f} fps and the bound to {after['bound_fps']:.1f} fps "
                          f"({_kind_name(after['bound_kind'])})"),
                 "bound_fps_after": after["bound_fps"]}
@@ -204,7 +204,7 @@ def _gain(now: dict, after: dict) -> str:
 
 
 def _kind_name(kind: str | None) -> str:
-    return "the CPU cores" if kind == "cores" else f"{ROLE_NAMES.get(kind, kind)}'s capacity"
+    return "the CPU cores" if kind == "cores" else f"{title(kind)}'s capacity"
 
 
 def precision_lever(device_type: str, machine: dict, stages: dict, config: dict) -> dict | None:
@@ -289,7 +289,7 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
         limit = "cores"
         evidence = (f"{100 * saturation:.0f} % busy ({saturation * cpu['cores']:.2f} of the {cpu['cores']:.2f} cores left to it), "
                     f"so more processes would only time-slice them; {evidence}; CPU per frame: "
-                    + ", ".join(f"{ROLE_NAMES.get(r, r)} {100 * s:.0f} %" for r, s in
+                    + ", ".join(f"{title(r)} {100 * s:.0f} %" for r, s in
                                 sorted(shares.items(), key=lambda item: -item[1])))
         candidates = [levers.save_images(config.get("save_images", "all")), levers.smaller_imgsz(config.get("imgsz")),
                       levers.other_backend(backend_probe(device_type, machine, config)),
@@ -315,7 +315,7 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
         return {**result, "limit": limit, "evidence": evidence, "levers": [], "hint": too_little}
     hint = chosen[0]["text"] if chosen else ""
     if not chosen and levers.now["bound_fps"]:
-        hint = (f"no change to {ROLE_NAMES[role]} alone would raise the bound ({levers.now['bound_fps']:.1f} fps, "
+        hint = (f"no change to {title(role)} alone would raise the bound ({levers.now['bound_fps']:.1f} fps, "
                 f"set by {_kind_name(levers.now['bound_kind'])})")
     return {**result, "limit": limit, "evidence": evidence, "levers": chosen, "hint": hint}
 

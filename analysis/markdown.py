@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from topology.stages import ROLE_NAMES, ROLES
+from topology.stages import frame_roles, title
 from analysis.trace import process_label
 from yolo.module_stats import RESIDUAL_NAME
 
@@ -43,7 +43,7 @@ def config_line(report: dict) -> str:
     if not cfg.get("weights") and cfg.get("preset"):
         weights = f"{cfg['preset']} with {weights}"
     roles = []
-    for role in ROLES:
+    for role in frame_roles():
         stage = report["stages"][role]
         threads = sorted({(w.get("threads") or {}).get("torch") for w in stage["per_worker"]} - {None})
         shown = f" x {'/'.join(map(str, threads))} torch thread{'s' if threads != [1] else ''}" if threads else ""
@@ -154,17 +154,17 @@ def bound_lines(report: dict) -> list[str]:
             lines.append(f"Other jobs on this machine kept {cpu['other_load_cores']:.2f} of its {cpu['machine_cores']} "
                          "cores busy in that window; the CPU bound counts only the cores left to this run.")
     rows = []
-    for role in ROLES:
+    for role in frame_roles():
         cap = stages[role]["capacity"]
         if stages[role]["workers"]:
-            rows.append([ROLE_NAMES[role], str(stages[role]["workers"]), _f(cap["ms_per_frame"]), cap["basis"],
+            rows.append([title(role), str(stages[role]["workers"]), _f(cap["ms_per_frame"]), cap["basis"],
                          _f(neck["stage_capacity_fps"].get(role))])
     if neck["cores_bound_fps"]:
         rows.append(["CPU cores", _f(cpu["cores"], 2), _f(cpu["cpu_ms_per_frame"]), "cpu, all processes",
                      _f(neck["cores_bound_fps"])])
     lines += [""] + _table(["limit", "workers / cores", "ms per frame", "ms of", "capacity fps"], rows) + [""]
     if neck["bound_fps"]:
-        kind = "the CPU cores" if neck["bound_kind"] == "cores" else f"{ROLE_NAMES[neck['bound_kind']]}'s capacity"
+        kind = "the CPU cores" if neck["bound_kind"] == "cores" else f"{title(neck['bound_kind'])}'s capacity"
         reached = (f"; this run reached {report['throughput']['fps']:.1f} fps: efficiency "
                    f"{100 * neck['efficiency']:.0f} %" if neck["efficiency"] is not None else "")
         lines.append(f"Bound: **{neck['bound_fps']:.1f} fps**, set by {kind}{reached}.")
@@ -178,7 +178,7 @@ def bottleneck_lines(report: dict) -> list[str]:
     limit = {"cores": "the CPU cores are the limit", "stage": "it is the limit",
              "flow": "but it does not limit the run", "unmeasured": "too short a run to say more",
              "source": "the live source limits the run"}[neck["limit"]]
-    lines = ["## Bottleneck", "", f"**{ROLE_NAMES[neck['stage']]}** is the busiest stage; {limit}: {neck['evidence']}.",
+    lines = ["## Bottleneck", "", f"**{title(neck['stage'])}** is the busiest stage; {limit}: {neck['evidence']}.",
              ""]
     if neck["levers"]:
         lines += ["What to change:", ""] + [f"- {lever['text']}" for lever in neck["levers"]] + [""]
@@ -187,7 +187,7 @@ def bottleneck_lines(report: dict) -> list[str]:
 
 def stage_lines(report: dict) -> list[str]:
     rows = []
-    for role in ROLES:
+    for role in frame_roles():
         stage = report["stages"][role]
         for w in stage["per_worker"]:
             rows.append([role, process_label(w), str(w["frames"]), _f(w["ms_per_frame"]["p50"]),

@@ -14,8 +14,7 @@ import numpy as np
 
 from analysis.resources import PSS, RSS, cumulative_cpu
 from analysis.run_data import RunData
-from topology.stages import ROLES
-from analysis.trace import TRACE_SPANS
+from topology.stages import done_time, frame_roles, trace_spans
 from analysis.windows import is_measured
 from yolo.module_stats import RESIDUAL_NAME
 
@@ -83,7 +82,8 @@ def throughput_figure(plt, run: RunData, report: dict):
     """Frames completed over time with the measured window shaded; fps per window, the last
     ones (those judged for stability) marked, with the tolerance band around their mean."""
     th = report["throughput"]
-    ends = sorted(f["t"]["post_end"] - run.started_s for f in run.frames)
+    finished = done_time()
+    ends = sorted(f["t"][finished] - run.started_s for f in run.frames)
     fig, (done, per_window) = plt.subplots(1, 2, figsize=(11, 4))
     done.step(ends, range(1, len(ends) + 1), where="post")
     start, end = th["window_start_s"], th["window_start_s"] + th["window_s"]
@@ -112,7 +112,8 @@ def throughput_figure(plt, run: RunData, report: dict):
 
 
 def latency_figure(plt, run: RunData, report: dict):
-    latencies = np.array([(f["t"]["post_end"] - f["t"]["read_start"]) * 1e3 for f in run.frames
+    done = done_time()
+    latencies = np.array([(f["t"][done] - f["t"]["read_start"]) * 1e3 for f in run.frames
                           if is_measured(f, run.warmup)])
     if latencies.size == 0:
         return None
@@ -144,7 +145,7 @@ def timeline_figure(plt, run: RunData, report: dict):
         frames = frames[first:first + TIMELINE_MAX_FRAMES]
     rows = _timeline_rows(run, frames)
     fig, axes = plt.subplots(figsize=(12, 1.2 + 0.45 * len(rows)))
-    for role, label, t0, t1 in TRACE_SPANS:
+    for role, label, t0, t1 in trace_spans():
         bars: dict[int, list[tuple[float, float]]] = {}
         for f in frames:
             name = f.get("workers", {}).get(role)
@@ -163,9 +164,9 @@ def timeline_figure(plt, run: RunData, report: dict):
 
 
 def _timeline_rows(run: RunData, frames: list[dict]) -> dict[str, int]:
-    names = {f.get("workers", {}).get(role) for f in frames for role in ROLES} - {None}
+    names = {f.get("workers", {}).get(role) for f in frames for role in frame_roles()} - {None}
     roles = {w["name"]: w["role"] for w in run.workers}
-    ordered = sorted(names, key=lambda n: (ROLES.index(roles[n]) if roles.get(n) in ROLES else len(ROLES), n))
+    ordered = sorted(names, key=lambda n: (frame_roles().index(roles[n]) if roles.get(n) in frame_roles() else len(frame_roles()), n))
     return {name: i for i, name in enumerate(ordered)}
 
 

@@ -27,7 +27,7 @@ from analysis.resources import resource_report
 from analysis.run_data import RunData
 from analysis.samples import summarise_ms
 from analysis.stages import stage_report
-from topology.stages import ROLES
+from topology.stages import done_time, frame_roles, latency_intervals
 from analysis.stats import ratio
 from analysis.trace import process_label, trace_events
 from analysis.windows import is_measured, measured_window, stability, throughput_windows
@@ -36,10 +36,6 @@ __all__ = ["RunData", "build_report", "write_run_folder", "json_summary", "json_
 
 log = logging.getLogger(__name__)
 
-FRAME_TIMESTAMPS = ("read_start", "pre_end", "infer_start", "infer_end", "post_start", "post_end")  # the ones used
-STAGE_INTERVALS = {"pre": ("read_start", "pre_end"), "queue_pre_infer": ("pre_end", "infer_start"),
-                   "infer": ("infer_start", "infer_end"), "queue_infer_post": ("infer_end", "post_start"),
-                   "post": ("post_start", "post_end")}
 LISTED_CANCELLED = 100  # cancelled frames named in report.json; every id is in cancelled_ids
 MODULES_CSV_HEADER = ("name", "type", "params", "input_shape", "calls", "total_ms", "mean_ms", "p50_ms", "p95_ms",
                       "share", "outermost")
@@ -122,7 +118,7 @@ def build_report(run: RunData) -> dict:
     measured = [f for f in run.frames if is_measured(f, run.warmup)]
     usage = resource_report(run.resources, window.start_s, window.end_s, machine["cores"], run.machine_cpu)
     stages = {role: stage_report([w for w in run.workers if w["role"] == role], usage["processes"])
-              for role in ROLES}
+              for role in frame_roles()}
     throughput = throughput_report(run, window)
     cpu = cpu_report(usage, stages, window, usage["cores"], throughput["fps"])
     cpu.update(machine_cores=machine["cores"], other_load_cores=usage["other_load_cores"])
@@ -133,9 +129,9 @@ def build_report(run: RunData) -> dict:
                     "image_error": run.outputs.get("image_error")},
         "frames": frames_report(run, len(measured)),
         "throughput": throughput,
-        "latency_ms": interval_ms(measured, "read_start", "post_end"),
+        "latency_ms": interval_ms(measured, "read_start", done_time()),
         "frame_latency_ms": frame_latencies_ms(measured),
-        "stage_latency_ms": {name: interval_ms(measured, t0, t1) for name, (t0, t1) in STAGE_INTERVALS.items()},
+        "stage_latency_ms": {name: interval_ms(measured, t0, t1) for name, (t0, t1) in latency_intervals().items()},
         "stages": stages, "cpu": cpu, "inference": inference_of(stages, run.config, run.environment),
         "bottleneck": diagnose(stages, cpu, run.config, machine, measured=throughput["fps"] is not None,
                                live_source=bool(run.sources.get("streams")),
@@ -156,9 +152,10 @@ def build_report(run: RunData) -> dict:
 
 
 def _check_timestamps(frame: dict) -> None:
-    missing = [k for k in FRAME_TIMESTAMPS if k not in frame.get("t", {})]
+    used = sorted({key for span in latency_intervals().values() for key in span})
+    missing = [k for k in used if k not in frame.get("t", {})]
     if missing:
-        raise ValueError(f"report: expected frame {frame.get('id')} to carry timestamps {list(FRAME_TIMESTAMPS)}, "
+        raise ValueError(f"report: expected frame {frame.get('id')} to carry timestamps {used}, "
                          f"got none for {missing}")
 
 
@@ -171,7 +168,8 @@ def frame_latencies_ms(measured: list[dict]) -> list[float]:
     """Each measured frame's latency (read to postprocess done, ms) in id order: runs merged
     later (a cluster's nodes) take percentiles over these, never averages of percentiles."""
     ordered = sorted(measured, key=lambda f: f["id"])
-    return [round((f["t"]["post_end"] - f["t"]["read_start"]) * 1e3, 3) for f in ordered]
+    done = done_time()
+    return [round((f["t"][done] - f["t"]["read_start"]) * 1e3, 3) for f in ordered]
 
 
 def wall_clock(start_s: float, end_s: float) -> dict:
@@ -207,7 +205,8 @@ def id_ranges(ids) -> list[list[int]]:
 def throughput_report(run: RunData, window) -> dict:
     """fps over the measured window, fps per THROUGHPUT_WINDOW_S slice, and stability; times
     relative to the first frame read."""
-    ends = [f["t"]["post_end"] for f in run.frames if is_measured(f, run.warmup) and window.holds(f["t"]["post_end"])]
+    done = done_time()
+    ends = [f["t"][done] for f in run.frames if is_measured(f, run.warmup) and window.holds(f["t"][done])]
     slices = throughput_windows(ends, window)
     return {"wall_s": run.finished_s - run.started_s, "window_start_s": window.start_s - run.started_s,
             "window_s": window.seconds, "measured_frames": window.measured, "completed_frames": window.completed,
@@ -227,12 +226,12 @@ def cpu_report(usage: dict, stages: dict, window, cores: int | None, fps: float 
     if processes and window.completed:
         by_role: dict[str, float] = {}
         for p in processes.values():
-            role = p["role"] if p["role"] in ROLES else "other"
+            role = p["role"] if p["role"] in frame_roles() else "other"
             by_role[role] = by_role.get(role, 0.0) + 1e3 * p["window_cpu_s"] / window.completed
         return {"cpu_ms_per_frame": 1e3 * usage["window_cpu_s"] / window.completed, "by_role": by_role,
                 "window_cpu_s": usage["window_cpu_s"], "saturation": usage["saturation"], "cores": cores,
                 "source": "resource samples of every process"}
-    by_role = {role: stages[role]["cpu_ms_mean"] for role in ROLES if stages[role]["frames"]}
+    by_role = {role: stages[role]["cpu_ms_mean"] for role in frame_roles() if stages[role]["frames"]}
     total = sum(by_role.values()) if by_role and None not in by_role.values() else None
     if total:
         return {"cpu_ms_per_frame": total, "by_role": by_role, "window_cpu_s": None, "cores": cores,
@@ -241,7 +240,7 @@ def cpu_report(usage: dict, stages: dict, window, cores: int | None, fps: float 
     # No CPU time at all: the stages' busy wall time bounds the cores' use from above (a process
     # waiting for a core still counts as busy), so "saturated" here errs towards less work per
     # frame, never towards more processes.
-    busy_cores = sum(w["utilisation"] for role in ROLES for w in stages[role]["per_worker"])
+    busy_cores = sum(w["utilisation"] for role in frame_roles() for w in stages[role]["per_worker"])
     return {"cpu_ms_per_frame": None, "by_role": {}, "window_cpu_s": None, "cores": cores,
             "saturation": ratio(busy_cores, cores) if busy_cores else None,
             "source": "none: no resource samples and no CPU time from the workers; saturation from busy wall time"}

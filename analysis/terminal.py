@@ -4,7 +4,7 @@ not have been written)."""
 from __future__ import annotations
 
 from analysis.printable import printable
-from topology.stages import ROLE_NAMES, ROLES
+from topology.stages import frame_roles, title
 
 MIB = 1 << 20
 
@@ -34,14 +34,14 @@ def format_summary(summary: dict, report: dict | None = None) -> str:
         lines.append(f"model       {summary['precision']}, {summary['backend']}")
     lines.append(_cpu_line(summary))
     lines.append(f"{'stage':<8}{'workers':>8}{'wall ms':>9}{'CPU ms':>8}{'busy %':>8}{'CPU %':>7}{'PSS MiB':>9}")
-    for role in ROLES:
+    for role in frame_roles():
         s = summary["stages"][role]
         lines.append(f"{role:<8}{s['workers']:>8}{_or_blank(s['ms_per_frame'], '.1f', 9)}"
                      f"{_or_blank(s['cpu_ms_per_frame'], '.1f', 8)}"
                      f"{100 * s['utilisation']:>8.0f}{_or_blank(_times_100(s['cpu_utilisation']), '.0f', 7)}"
                      f"{_or_blank(s['peak_pss_bytes'] and s['peak_pss_bytes'] / MIB, '.0f', 9)}")
     if summary["bottleneck"]:
-        lines.append(f"bottleneck  {ROLE_NAMES[summary['bottleneck']]} ({summary['limit']})"
+        lines.append(f"bottleneck  {title(summary['bottleneck'])} ({summary['limit']})"
                      + (f": {summary['hint']}" if summary["hint"] else ""))
     if summary.get("run_dir"):
         videos = summary.get("videos_saved") or []

@@ -9,10 +9,8 @@ import bisect
 import math
 
 from analysis.run_data import RunData
-from topology.stages import ROLES
+from topology.stages import done_time, frame_roles, trace_spans
 
-TRACE_SPANS = (("pre", "read+letterbox", "read_start", "pre_end"), ("infer", "infer", "infer_start", "infer_end"),
-               ("post", "nms+draw+save", "post_start", "post_end"))
 FRAME_TID = 0
 FORWARD_TID = 9
 MODULE_TID_BASE = 10  # module spans at depth d go on thread 10 + d
@@ -48,7 +46,8 @@ def traced_frames(run: RunData) -> list[dict]:
     """The frames whose spans go into the trace: the first ``trace_max_frames`` completed (a
     trace of a long run would be tens of MB that no viewer opens comfortably)."""
     limit = run.config.get("trace_max_frames")
-    frames = sorted(run.frames, key=lambda f: f["t"]["post_end"])
+    done = done_time()
+    frames = sorted(run.frames, key=lambda f: f["t"][done])
     return frames if not limit else frames[:limit]
 
 
@@ -62,7 +61,7 @@ def trace_events(run: RunData) -> dict:
     events += [_metadata("process_sort_index", w["pid"], 0, None, sort_index=i) for i, w in enumerate(ordered)]
     events += [_metadata("thread_name", w["pid"], FRAME_TID, "frames") for w in ordered]
     for f in traced_frames(run):
-        for role, label, t0, t1 in TRACE_SPANS:
+        for role, label, t0, t1 in trace_spans():
             pid = pid_of(f.get("workers", {}).get(role), f["t"][t0])
             if pid is None:
                 continue
@@ -88,13 +87,14 @@ def _module_tid(depth: int) -> int:
 
 
 def _role_order(role: str) -> int:
-    return ROLES.index(role) if role in ROLES else len(ROLES)
+    return frame_roles().index(role) if role in frame_roles() else len(frame_roles())
 
 
 def _completed_counter(run: RunData, us) -> list[dict]:
     collector = next((w for w in run.workers if w["role"] == "collector"), None)
     if collector is None:
         return []
-    ends = [f["t"]["post_end"] for f in traced_frames(run)]
+    done = done_time()
+    ends = [f["t"][done] for f in traced_frames(run)]
     return [{"ph": "C", "name": "frames completed", "pid": collector["pid"], "tid": FRAME_TID, "ts": us(t),
              "args": {"frames": i}} for i, t in enumerate(ends, start=1)]

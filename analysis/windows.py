@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from analysis.stats import fps
+from topology.stages import done_time
 
 THROUGHPUT_WINDOW_S = 2.0
 STABLE_WINDOWS = 3
@@ -66,12 +67,13 @@ def start_up_frames(frames: Sequence[dict], warmup: int) -> list[dict]:
 
 def measured_window(frames: Sequence[dict], warmup: int, started_s: float) -> MeasuredWindow:
     """The window (see the module's docstring); ``started_s`` opens it when there is no start-up
-    frame. Frames carry ``id``, ``t["infer_start"]``, ``t["post_end"]`` and may carry ``cold``."""
+    frame. Frames carry ``id``, ``t["infer_start"]``, the last stage's end (``t["post_end"]``) and may carry ``cold``."""
     if not frames:
         return MeasuredWindow(started_s, started_s, 0, 0)
-    start = max((f["t"]["post_end"] for f in start_up_frames(frames, warmup)), default=started_s)
-    end = max(f["t"]["post_end"] for f in frames)
-    inside = [f for f in frames if start < f["t"]["post_end"] <= end]
+    done = done_time()
+    start = max((f["t"][done] for f in start_up_frames(frames, warmup)), default=started_s)
+    end = max(f["t"][done] for f in frames)
+    inside = [f for f in frames if start < f["t"][done] <= end]
     return MeasuredWindow(start, end, sum(1 for f in inside if is_measured(f, warmup)), len(inside))
 
 

@@ -14,9 +14,7 @@ import zmq
 from collector.journal import Journal, Resume, frame_row, reload
 from analysis.machine import usable_cores
 from collector.ledger import Expected, Ledger, account_missing
-from process.clock import Clock, poll, worker_stats
-from process.control import Control, Heartbeat
-from process.lifecycle import enter_process, set_thread_counts, setup_logging
+from process.stage_loop import Stage, StageProcess, run_loop
 from wire.links import SlotReturns
 from wire.messages import FAILED, FINISHED, PROGRESS, RESULT, STATS, validate
 from process.resources import ResourceSampler
@@ -25,7 +23,6 @@ from wire.transport import REPORT_LIMITS, DropCounter, ProtocolError, make_socke
 from collector.videos import AnnotatedVideos
 from wire.wiring import StageArgs
 
-POLL_TIMEOUT_MS = 100
 PROGRESS_INTERVAL_S = 0.25
 RESOURCE_INTERVAL_S = 0.5
 DRAIN_AFTER_STOP_S = 3.0  # after a stop, wait this long for the workers' last summaries
@@ -147,78 +144,80 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def run(args: StageArgs, expected_workers: list[str], runner_started_s: float, machine: dict,
-        resume: Resume | None = None) -> None:
-    """``resume``: this collector is restarted; it goes on from what its predecessor wrote."""
-    signals = enter_process(args)
-    threads = set_thread_counts(args.torch_threads, args.opencv_threads, use_torch=False)
-    log = setup_logging(args.name, args.log_path, args.config.log_level)
-    drops = DropCounter(log)
-    ctx = zmq.Context()
-    control = Control(ctx, args, drops)
-    heartbeat = Heartbeat(ctx, args, signals)
-    results_in = make_socket(ctx, zmq.PULL, max_message_bytes=REPORT_LIMITS.header_bytes, curve=args.wire.curve,
-                             curve_server=True)
-    results_in.bind(args.endpoints["collector"])
-    progress_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
-    progress_out.connect(args.endpoints["progress"])
-    poller = zmq.Poller()
-    poller.register(results_in, zmq.POLLIN)
-    poller.register(control.socket, zmq.POLLIN)
-    collected = Collected(args, expected_workers, ctx, log, resume)
-    sampler = ResourceSampler(args.runner_pid)
-    clock = Clock()
-    last_progress = last_sample = 0.0
-    stop_deadline = None
-    try:
-        while collected.expected.waiting_for():
-            heartbeat.tick()
-            for notice in control.take_gone():
-                collected.expected.gone(notice)
-            if control.should_stop() and stop_deadline is None:
-                stop_deadline = time.perf_counter() + DRAIN_AFTER_STOP_S
-            if stop_deadline is not None and time.perf_counter() > stop_deadline:
-                break
-            events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=False)
-            if results_in in events:
-                with clock.busy():
-                    _drain_results(results_in, collected, args, drops)
-                    collected.journal.flush()
-            if control.socket in events:
-                control.handle()
-            now = time.perf_counter()
-            if now - last_progress > PROGRESS_INTERVAL_S:
-                _send_progress(progress_out, collected.ledger, args)
-                last_progress = now
-            if now - last_sample > RESOURCE_INTERVAL_S:
-                sampler.sample()
-                last_sample = now
+class Collector(Stage):
+    """Takes every result, failure and summary until each worker's summary is in (or, after a
+    stop, DRAIN_AFTER_STOP_S more), then writes the run folder."""
+
+    def __init__(self, process: StageProcess):
+        args = process.args
+        self.process, self.args, self.log = process, args, process.log
+        self.results_in = make_socket(process.ctx, zmq.PULL, max_message_bytes=REPORT_LIMITS.header_bytes,
+                                      curve=args.wire.curve, curve_server=True)
+        self.results_in.bind(args.endpoints["collector"])
+        process.listen(self.results_in, self.receive)
+        self.progress_out = make_socket(process.ctx, zmq.PUSH, curve=args.wire.curve)
+        self.progress_out.connect(args.endpoints["progress"])
+        self.collected = Collected(args, list(args.workers), process.ctx, process.log, args.resume)
+        self.sampler = ResourceSampler(args.runner_pid)
+        self.last_progress = self.last_sample = 0.0
+        self.stop_deadline: float | None = None
+
+    def keep_going(self, control) -> bool:
+        if control.should_stop() and self.stop_deadline is None:
+            self.stop_deadline = time.perf_counter() + DRAIN_AFTER_STOP_S
+        past_deadline = self.stop_deadline is not None and time.perf_counter() > self.stop_deadline
+        return bool(self.collected.expected.waiting_for()) and not past_deadline
+
+    def peer_gone(self, notice: dict) -> None:
+        self.collected.expected.gone(notice)
+
+    def step(self) -> bool:
+        now = time.perf_counter()
+        if now - self.last_progress > PROGRESS_INTERVAL_S:
+            _send_progress(self.progress_out, self.collected.ledger, self.args)
+            self.last_progress = now
+        if now - self.last_sample > RESOURCE_INTERVAL_S:
+            self.sampler.sample()
+            self.last_sample = now
+        return False
+
+    def receive(self, socket) -> None:
+        with self.process.clock.busy():
+            _drain_results(socket, self.collected, self.args, self.process.drops)
+            self.collected.journal.flush()
+
+    def finish(self) -> None:
+        process, collected, log, args = self.process, self.collected, self.log, self.args
+        control = process.control
         finished_s = time.perf_counter()
         log.info("every summary in (%d processed, %d failed): writing the run folder",
                  len(collected.ledger.processed), len(collected.ledger.failed))
-        sampler.sample(final=True)
-        _send_progress(progress_out, collected.ledger, args)
+        self.sampler.sample(final=True)
+        _send_progress(self.progress_out, collected.ledger, args)
         videos = collected.videos.finish()
         stop_reason = control.stop_reason or control.drain_reason
         account_missing(collected.ledger, collected.expected, stop_reason,
                         cancel_unread=control.drain_reason is None or control.drain_cancels)
-        collector_stats = worker_stats(args, "collector", threads, clock, len(collected.ledger.processed), drops,
-                                       bytes_in=collected.bytes_in, messages_in=collected.messages_in, bytes_out=0,
-                                       messages_out=0)
-        run_data = _run_data(args, collected, collector_stats, runner_started_s, finished_s, control, sampler,
-                             machine, videos)
+        collector_stats = process.summary("collector", len(collected.ledger.processed), bytes_in=collected.bytes_in,
+                                          messages_in=collected.messages_in, bytes_out=0, messages_out=0)
+        run_data = _run_data(args, collected, collector_stats, args.runner_started_s, finished_s, control,
+                             self.sampler, args.machine, videos)
         summary, written, write_error = _write_run_folder(args.run_dir, run_data, *collected.finish_outputs())
         log.info("run folder written in %.2f s", time.perf_counter() - finished_s)
-        send_message(progress_out, {"type": FINISHED, "summary": summary, "written": written,
-                                    "write_error": write_error,
-                                    "missing_workers": collected.expected.waiting_for()}, token=args.wire.token)
-    finally:
-        heartbeat.close()
-        collected.close()
-        results_in.close()
-        progress_out.close()
-        control.close()
-        ctx.term()
+        send_message(self.progress_out, {"type": FINISHED, "summary": summary, "written": written,
+                                         "write_error": write_error,
+                                         "missing_workers": collected.expected.waiting_for()}, token=args.wire.token)
+
+    def close(self) -> None:
+        self.collected.close()
+        self.results_in.close()
+        self.progress_out.close()
+
+
+def run(args: StageArgs) -> None:
+    """A restarted collector (``args.resume``) goes on from what its predecessor wrote."""
+    process = StageProcess(args, use_torch=False)
+    run_loop(process, Collector(process))
 
 
 def _drain_results(results_in, collected: Collected, args: StageArgs, drops: DropCounter) -> None:

@@ -10,7 +10,7 @@ lists once, or in neither (then it counts as unseen, and a copy sent again is ta
 
 What the collector held only in memory is rebuilt otherwise: the runner gives the restarted one
 the peer-gone notices it missed and the workers that already exited (:class:`Resume`), and each
-postprocess worker sends its last results again (workers.postprocess.SentResults).
+postprocess worker sends its last results again (workers.onward.SentResults).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 
 from analysis.atomic import PARTIAL_LIST, whole_records_with_ends
-from collector.ledger import FRAME_TIMES
+from topology.stages import frame_roles, frame_times
 
 JOURNAL_NAME = ".collector-journal.partial"  # in the run folder, next to the lists it vouches for
 LISTS = ("detections.json", "predictions.json")
@@ -61,6 +61,7 @@ class Journal:
         from analysis.report import json_text  # for a summary that holds NaN: what the lists are written with
         self.path = os.path.join(run_dir, JOURNAL_NAME)
         self.log, self._plain_json = log, json_text
+        self._roles, self._time_keys = frame_roles(), frame_times()  # the stage table's, once per run
         self._fd: int | None = None
         self._pending: list[str] = []  # lines not written yet (at most BATCH_LINES)
         try:
@@ -76,8 +77,8 @@ class Journal:
         if self._fd is None:
             return
         t, workers = result["t"], result.get("workers") or {}
-        times = ",".join(repr(float(t.get(k, 0.0))) for k in FRAME_TIMES)
-        names = json.dumps([result["name"], workers.get("pre"), workers.get("infer"), workers.get("post")])
+        times = ",".join(repr(float(t.get(k, 0.0))) for k in self._time_keys)
+        names = json.dumps([result["name"]] + [workers.get(role) for role in self._roles])
         self._pending.append(f'{{"f":[{result["id"]},{int(result["batch"])},{int(bool(result["image_saved"]))},'
                              f'{int(bool(result["cold"]))},{len(result["detections"])},{lists[0]},{lists[1]},'
                              f'[{times}],{names}]}}')
@@ -159,10 +160,11 @@ def reload(run_dir: str) -> Reloaded:
 
 def frame_row(line: list) -> dict:
     """A frame's row, as collector.ledger.Ledger.add_result takes it, from its journal line
-    ``[id, batch, image_saved, cold, detections, records in each list..., [times], [name, pre, infer, post]]``."""
-    (frame_id, batch, saved, cold, found), times, (name, pre, infer, post) = line[:5], line[7], line[8]
-    return {"id": frame_id, "name": name, "t": dict(zip(FRAME_TIMES, times)), "batch": batch,
-            "image_saved": bool(saved), "cold": bool(cold), "workers": {"pre": pre, "infer": infer, "post": post},
+    ``[id, batch, image_saved, cold, detections, records in each list..., [times], [name, worker of
+    each frame stage...]]``, times and workers in the stage table's order."""
+    (frame_id, batch, saved, cold, found), times, (name, *workers) = line[:5], line[7], line[8]
+    return {"id": frame_id, "name": name, "t": dict(zip(frame_times(), times)), "batch": batch,
+            "image_saved": bool(saved), "cold": bool(cold), "workers": dict(zip(frame_roles(), workers)),
             "detections": found}
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
-FRAME_TIMES = ("read_start", "read_end", "pre_end", "infer_recv", "infer_start", "infer_end", "post_start", "post_end")
+from topology.stages import frame_roles, frame_times, sink_role, source_role
+
 UNSEEN, PROCESSED, FAILED = 0, 1, 2
 OPEN_ID_SLACK = 1 << 20  # an open-ended plan's ids grow one by one: a jump past this is not a frame of the run
 
@@ -23,6 +24,7 @@ class ProcessedFrames:
 
     def __init__(self, plan):
         self.plan = plan
+        self.roles, self.time_keys = frame_roles(), frame_times()  # the stage table's, once per run
         self.ids = array("q")
         self.times = array("d")
         self.batch = array("I")
@@ -38,29 +40,29 @@ class ProcessedFrames:
     def add(self, result: dict) -> None:
         frame_id, t = result["id"], result["t"]
         workers = result.get("workers") or {}
-        triple = (workers.get("pre"), workers.get("infer"), workers.get("post"))
+        names = tuple(workers.get(role) for role in self.roles)
         self.ids.append(frame_id)
-        self.times.extend(float(t.get(k, 0.0)) for k in FRAME_TIMES)
+        self.times.extend(float(t.get(k, 0.0)) for k in self.time_keys)
         self.batch.append(int(result["batch"]))
         found = result["detections"]  # the records, or their count (a row a restarted collector reloads)
         self.detections.append(found if isinstance(found, int) else len(found))
         self.flags.append(bool(result["image_saved"]) | bool(result["cold"]) << 1)
-        self.worker_sets.append(self._worker_set_index.setdefault(triple, len(self._worker_set_index)))
+        self.worker_sets.append(self._worker_set_index.setdefault(names, len(self._worker_set_index)))
         if frame_id >= self.plan.planned or self.plan.ref(frame_id).name != result["name"]:
             self._names[frame_id] = result["name"]
 
     def dicts(self) -> list[dict]:
         """The frames as dicts (see ``analysis.run_data.RunData.frames``), by id."""
         worker_sets = list(self._worker_set_index)
-        width = len(FRAME_TIMES)
+        width = len(self.time_keys)
         rows = sorted(range(len(self.ids)), key=self.ids.__getitem__)
         frames = []
         for row in rows:
             frame_id = self.ids[row]
-            pre, infer, post = worker_sets[self.worker_sets[row]]
+            workers = dict(zip(self.roles, worker_sets[self.worker_sets[row]]))
             name = self._names.get(frame_id) or self.plan.ref(frame_id).name
-            frames.append({"id": frame_id, "name": name, "workers": {"pre": pre, "infer": infer, "post": post},
-                           "t": dict(zip(FRAME_TIMES, self.times[row * width:(row + 1) * width])),
+            frames.append({"id": frame_id, "name": name, "workers": workers,
+                           "t": dict(zip(self.time_keys, self.times[row * width:(row + 1) * width])),
                            "batch": self.batch[row], "detections": self.detections[row],
                            "image_saved": bool(self.flags[row] & 1), "cold": bool(self.flags[row] & 2)})
         return frames
@@ -150,12 +152,12 @@ class Expected:
         """A worker's death, or the collector's (a restarted collector is told of its own, for
         the report); a notice heard twice (given at start, then broadcast) counts once."""
         name = notice["name"]
-        if name not in self.names and name != "collector" or any(
+        if name not in self.names and name != sink_role() or any(
                 r["name"] == name and r["incarnation"] == notice["incarnation"] for r in self.restarts):
             return
         self.restarts.append({k: notice.get(k) for k in ("name", "incarnation", "signal", "exit_code", "reason",
                                                          "t_s", "final")})
-        if name == "collector":
+        if name == sink_role():
             return
         if isinstance(notice.get("position"), int):
             self.positions[name] = notice["position"]
@@ -171,7 +173,7 @@ class Expected:
 def started_ids(plan, expected: Expected) -> set[int] | None:
     """The ids the preprocess workers started (read, or failed to read), from their final share
     positions; None when a worker's position is unknown."""
-    readers = sorted(n for n in expected.names if n.startswith("pre-"))
+    readers = sorted(n for n in expected.names if n.startswith(f"{source_role()}-"))
     started: set[int] = set()
     for name in readers:
         stats = expected.stats.get(name)

@@ -8,6 +8,7 @@ import os
 import signal
 
 from analysis.printable import PrintableFormatter
+from topology.plugins import load_plugins
 
 LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 TITLE_PREFIX = "yolo-pipeline"
@@ -40,6 +41,7 @@ def enter_process(args) -> ReceivedSignals:
     signal.signal(signal.SIGHUP, received.note)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     set_title(args.name)
+    load_plugins()  # inherited YOLO_PIPELINE_PLUGINS: the stages, backends and input kinds the runner saw
     return received
 
 

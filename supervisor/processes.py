@@ -22,20 +22,26 @@ from supervisor.limits import check_address_space
 from supervisor.signals import signals_held
 from settings.config import ConfigError
 from wire.ipc_dirs import use_short_tmpdir
-from topology.stages import KINDS, STAGES, index_of, role_of
+from topology.plugins import plugin_modules
+from topology.stages import index_of, kind_of, role_of, stages
 from wire.wiring import StageArgs
 
-# What the fork server imports once, for every torch stage it forks.
-FORKSERVER_PRELOAD = ["torch", "torchvision", "cv2"] + [kind.module for kind in STAGES if kind.uses_torch]
+FORKSERVER_IMPORTS = ["torch", "torchvision", "cv2"]
 JOIN_TIMEOUT_S = 10.0
 
 log = logging.getLogger("runner")
 
 
-def run_stage(module: str, *args) -> None:
+def forkserver_preload() -> list[str]:
+    """What the fork server imports once, for every torch stage it forks: torch, the plugins
+    (their registrations), and the torch stages' modules."""
+    return FORKSERVER_IMPORTS + plugin_modules() + [kind.module for kind in stages() if kind.uses_torch]
+
+
+def run_stage(module: str, args: StageArgs) -> None:
     """A child's entry point: the stage module is imported here, in the child, so the runner
     never imports what only a stage needs (torch)."""
-    importlib.import_module(module).run(*args)
+    importlib.import_module(module).run(args)
 
 
 def start_fork_server() -> None:
@@ -44,7 +50,7 @@ def start_fork_server() -> None:
     for torch is a ConfigError here, not an abort in the fork server."""
     check_address_space()
     _short_tmpdir()
-    mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    mp.get_context("forkserver").set_forkserver_preload(forkserver_preload())
     with signals_held():
         resource_tracker.ensure_running()  # first: starting it unblocks SIGINT and SIGTERM in the caller
     with signals_held():
@@ -65,9 +71,8 @@ def _short_tmpdir() -> None:
 class Launcher:
     """Starts and restarts named stage processes from a template of their arguments."""
 
-    def __init__(self, template: StageArgs, collector_extra: tuple):
+    def __init__(self, template: StageArgs):
         self.template = template
-        self.collector_extra = collector_extra
         self.spawn = mp.get_context("spawn")
         self.forked = mp.get_context("forkserver")
         self.processes: dict[str, mp.process.BaseProcess] = {}
@@ -80,15 +85,14 @@ class Launcher:
               poison: tuple[int, str] = (-1, ""), poison_frames: tuple[tuple[int, str], ...] = (),
               resume=None) -> None:
         """``resume``: a restarted collector's collector.journal.Resume."""
-        kind = KINDS[role_of(name)]
+        kind = kind_of(role_of(name))
         incarnation = self.incarnations.get(name, -1) + 1
         args = dataclasses.replace(self.template, name=name, index=index_of(name),
                                    incarnation=incarnation, device=device, torch_threads=torch_threads,
                                    start_position=start_position, poison_position=poison[0], poison_reason=poison[1],
-                                   poison_frames=poison_frames)
-        extra = (*self.collector_extra, resume) if kind.role == "collector" else ()
+                                   poison_frames=poison_frames, resume=resume)
         context = self.forked if kind.uses_torch else self.spawn
-        process = context.Process(target=run_stage, args=(kind.module, args, *extra), name=name, daemon=True)
+        process = context.Process(target=run_stage, args=(kind.module, args), name=name, daemon=True)
         if context is self.forked:
             process.start()  # forked by the fork server, started with the signals blocked; may wait for it
         else:

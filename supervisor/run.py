@@ -36,7 +36,7 @@ from supervisor.watch import Watch
 from collector.journal import remove_journal
 from settings.config import RunConfig
 from wire.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
-from topology.stages import endpoint_names, stage_counts, worker_names
+from topology.stages import endpoint_names, sink_role, stage_counts, worker_names
 from process.lifecycle import LOG_FORMAT
 from wire.wiring import Endpoints, StageArgs, Wire, make_endpoints
 from wire.messages import FINISHED, HEARTBEAT, PROGRESS, STOP, validate
@@ -113,17 +113,18 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
         workers = worker_names(stage_counts(cfg))
         template = StageArgs(name="", index=0, config=cfg, plan=plan, endpoints=endpoints, wire=wire,
                              log_path=log_path, run_dir=run_dir, run_tag=run_tag, names=names,
-                             runner_pid=os.getpid(), slot_bytes=slot_bytes, slot_count=slot_count)
+                             runner_pid=os.getpid(), slot_bytes=slot_bytes, slot_count=slot_count,
+                             workers=tuple(workers), runner_started_s=runner_started_s, machine=machine.as_dict())
         log.info("run %s: %s from %s; %s; %d pre, %d infer (%s, %d threads each), %d post workers",
                  os.path.basename(run_dir), frames_planned(cfg, plan), cfg.source, model_words(cfg), cfg.pre_workers,
                  cfg.infer_workers, ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
         log.debug("ipc sockets in %s; shared-memory segments %s*", ipc_dir, run_tag)
-        launcher = Launcher(template, collector_extra=(workers, runner_started_s, machine.as_dict()))
+        launcher = Launcher(template)
         health = Health(cfg.heartbeat_timeout_s)
         watch = Watch(cfg, launcher, health, control_out, token, interrupts, console)
         console.say(f"starting {len(workers) + 1} processes (inference loads the model first)...")
         launcher.warm_up()
-        for name in ["collector"] + workers[::-1]:  # consumers first, so producers find them
+        for name in [sink_role()] + workers[::-1]:  # consumers first, so producers find them
             if interrupts.count:
                 break  # interrupted during start-up: the watch ends it at once
             watch.start_worker(name)

@@ -14,7 +14,7 @@ import time
 from supervisor.console import Console
 from supervisor.health import Health
 from supervisor.processes import Launcher
-from topology.stages import role_of
+from topology.stages import frame_roles, index_of, kind_of, role_of, sink_role, source_role
 from supervisor.signals import Interrupts
 from collector.journal import Resume
 from settings.config import RunConfig
@@ -49,7 +49,8 @@ class Watch:
         self.collector_died = False
         self.last_progress: dict | None = None  # the collector's last counts, for a report without it
         self.deaths_holding: dict[tuple[str, int], int] = {}  # (reader name or stage, position or id) -> deaths
-        self.poisoned: dict[str, dict[int, str | None]] = {"infer": {}, "post": {}}  # stage -> {id: why failed}
+        # Frame stage after the source -> {id: why failed}; the source's readers fail a position instead.
+        self.poisoned: dict[str, dict[int, str | None]] = {role: {} for role in frame_roles()[1:]}
         self.restart_log: list[dict] = []
         self.gone_notices: list[dict] = []  # every peer-gone notice broadcast: a restarted collector missed them
         self.exited: list[str] = []  # workers that exited by themselves (code 0)
@@ -98,10 +99,10 @@ class Watch:
 
     def on_death(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
         role = role_of(name)
-        if role == "collector" and self.can_restart_collector():
+        if role == sink_role() and self.can_restart_collector():
             self.restart_collector(name, reason, signal_name, code)
             return
-        if role == "collector":
+        if role == sink_role():
             self.aborted = self.kill_all = True
             self.collector_died = True
             log.error("%s: the run cannot go on without its collector; the runner writes what it knows", reason)
@@ -114,9 +115,9 @@ class Watch:
         if can_restart:
             self.count_restart(name, reason)
             self.start_worker(name, start_position=self.health.position(name),
-                              poison=poison[0] if role == "pre" and poison else None)
+                              poison=poison[0] if role == source_role() and poison else None)
             return
-        if role == "pre" or not self.launcher.alive(role):
+        if role == source_role() or not self.launcher.alive(role):
             log.error("%s: no %s worker can take its frames; stopping the run", reason, role)
             self.aborted = self.aborted or self.phase == "running"
             self.enter("stopping", reason)
@@ -146,7 +147,7 @@ class Watch:
         plan = self.launcher.template.plan
         videos = self.cfg.save_every > 0 and any(item.kind in ("video", "stream") for item in plan.items)
         return self.phase in ("running", "draining") and not videos and \
-            self.restarts.get("collector", 0) < self.cfg.max_restarts
+            self.restarts.get(sink_role(), 0) < self.cfg.max_restarts
 
     def restart_collector(self, name: str, reason: str, signal_name: str | None, code: int) -> None:
         """A new collector goes on from what the dead one wrote durably (collector.journal);
@@ -163,15 +164,16 @@ class Watch:
         whichever worker it reaches next fails it (told by the peer-gone notice, or at start);
         one held at a first death is a suspect (None), which inference runs alone."""
         role = role_of(name)
-        owner = name if role == "pre" else role
+        reader = role == source_role()
+        owner = name if reader else role
         poison, held_now = [], read_held(self.launcher.template.run_tag, name)
         for held in held_now:
             deaths = self.deaths_holding[owner, held] = self.deaths_holding.get((owner, held), 0) + 1
             if deaths == 2:
-                what = "reading it" if role == "pre" else "holding it"
+                what = "reading it" if reader else "holding it"
                 poison.append((held, f"{name} died twice {what} ({reason})"))
                 log.warning("%s died twice holding the same frame (%s %d): it is failed, not tried again", name,
-                            "position of its share" if role == "pre" else "frame id", held)
+                            "position of its share" if reader else "frame id", held)
         if role in self.poisoned:
             marks = self.poisoned[role]
             marks.update({held: None for held in held_now if held not in marks})
@@ -182,9 +184,8 @@ class Watch:
                      resume: Resume | None = None) -> None:
         role = role_of(name)
         device, threads = "cpu", 1
-        if role == "infer":
-            index = int(name.split("-")[1])
-            device, threads = self.cfg.devices[index % len(self.cfg.devices)], self.cfg.infer_threads
+        if kind_of(role).on_device:
+            device, threads = self.cfg.devices[index_of(name) % len(self.cfg.devices)], self.cfg.infer_threads
         self.launcher.start(name, device=device, torch_threads=threads, start_position=start_position,
                             poison=poison or (-1, ""), poison_frames=tuple(self.poisoned.get(role, {}).items()),
                             resume=resume)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from analysis.machine import Machine
 from settings.config import flag_of
-from topology.stages import ROLE_NAMES, ROLES
+from topology.stages import frame_roles, title
 
 if TYPE_CHECKING:  # the trial's analysis; sweep.search imports this module
     from sweep.search import Measurement
@@ -75,7 +75,7 @@ class Move:
 
 
 def _stage_name(role: str) -> str:
-    return ROLE_NAMES[role]
+    return title(role)
 
 
 def _util(m: Measurement, role: str) -> float:
@@ -137,7 +137,7 @@ def _worker_field(role: str) -> str:
 def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
     """The cores are the limit: less CPU per frame, never more processes or threads."""
     moves: list[Move | None] = []
-    for role in ROLES:
+    for role in frame_roles():
         count = s.infer_workers * s.infer_threads if role == "infer" and not machine.on_cuda else getattr(
             s, _worker_field(role))
         if count > machine.cores:
@@ -146,7 +146,7 @@ def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move 
     moves.append(_openvino(s, machine, "cores saturated"))
     moves.append(_half(s, machine, "cores saturated"))
     moves.append(_grow(s, "batch_size", machine, "cores saturated: fewer forwards and messages per frame"))
-    idle = sorted((r for r in ROLES if r != m.bottleneck and _util(m, r) < IDLE_UTILISATION), key=lambda r: _util(m, r))
+    idle = sorted((r for r in frame_roles() if r != m.bottleneck and _util(m, r) < IDLE_UTILISATION), key=lambda r: _util(m, r))
     for role in idle:
         moves.append(_shrink(s, _worker_field(role), f"cores saturated and {_stage_name(role)} busy only "
                                                      f"{100 * _util(m, role):.0f} %: one process fewer to share them"))

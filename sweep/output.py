@@ -8,7 +8,7 @@ import io
 import shlex
 
 from analysis.report import json_safe
-from topology.stages import ROLE_NAMES
+from topology.stages import title
 from settings.config import SWITCHES_OFF, flag_of
 from sweep.search import SWEPT, SweepResult, Trial, mean_fps
 
@@ -95,7 +95,7 @@ def sweep_table(result: SweepResult) -> str:
     lines = [header]
     for t in result.trials:
         m, s = t.measurement, t.settings
-        neck = f"{ROLE_NAMES.get(m.bottleneck, m.bottleneck)} ({m.limit})" if m.bottleneck else "-"
+        neck = f"{title(m.bottleneck)} ({m.limit})" if m.bottleneck else "-"
         best = " *" if t.settings == result.best else ""
         lines.append(f"{t.index:>3} {t.purpose:<12}{s.pre_workers:>4}{s.infer_workers:>6}{s.infer_threads:>4}"
                      f"{s.post_workers:>5}{s.batch_size:>6}{'yes' if s.half else '-':>5}{s.backend:>9}"

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from topology.stages import ROLES
+from topology.stages import frame_roles
 from supervisor import exit_codes
 from sweep.moves import SWEPT, Machine, Move, Settings, propose  # noqa: F401 (re-exported)
 
@@ -84,7 +84,7 @@ class Measurement:
                    bound_kind=summary.get("bound_kind"), bottleneck=summary.get("bottleneck"),
                    limit=summary.get("limit"), hint=summary.get("hint") or "", stable=bool(summary.get("stable")),
                    stable_reason=summary.get("stable_reason"),
-                   utilisation={role: stages[role]["utilisation"] for role in ROLES if role in stages},
+                   utilisation={role: stages[role]["utilisation"] for role in frame_roles() if role in stages},
                    exit_code=exit_code, error=error if exit_code else None, run_dir=run_dir)
 
     @property

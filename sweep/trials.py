@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from analysis.atomic import write_bytes_atomic
 from analysis.report import json_safe
-from topology.stages import ROLE_NAMES
+from topology.stages import title
 from sweep.search import (FIRST_TRIAL_EXTRA_S, SWEPT, TRIAL_OVERHEAD_S, Measurement, Settings, Sweep,
                             SweepInterrupted, SweepResult, Trial)
 from sweep.output import best_lines, command_line, sweep_csv, sweep_summary, sweep_table
@@ -128,7 +128,7 @@ def log_trial(trial: Trial) -> None:
     if m.fps is None:
         log.info("trial %d %s %s: %s", trial.index, trial.purpose, trial.settings.label(), trial.verdict)
         return
-    neck = f"{ROLE_NAMES.get(m.bottleneck, m.bottleneck)} ({m.limit})" if m.bottleneck else "no bottleneck"
+    neck = f"{title(m.bottleneck)} ({m.limit})" if m.bottleneck else "no bottleneck"
     log.info("trial %d %s %s: %.1f fps, p50 %.1f ms, %s, %s; %s", trial.index, trial.purpose, trial.settings.label(),
              m.fps, m.latency_p50_ms or 0.0, neck, "stable" if m.stable else "not stable", trial.verdict)
 

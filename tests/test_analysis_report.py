@@ -12,7 +12,7 @@ import pytest
 
 from analysis.markdown import module_table_rows
 from analysis.report import MODULES_CSV_HEADER, RunData, build_report, json_safe, json_summary, write_run_folder
-from topology.stages import ROLES
+from topology.stages import frame_roles
 from analysis.terminal import format_summary
 from yolo.module_stats import RESIDUAL_NAME
 
@@ -105,7 +105,7 @@ def test_report_json_frames_and_stages(run_dir):
     frames = report["frames"]
     assert (frames["in"], frames["processed"], frames["failed"], frames["accounted"]) == (6, 5, 1, True)
     assert frames["failures"][0]["reason"] == "unreadable"
-    for role in ROLES:
+    for role in frame_roles():
         stage = report["stages"][role]
         assert stage["frames"] == frames["processed"] and stage["workers"] == 2
         assert [w["name"] for w in stage["per_worker"]] == [f"{role}-0", f"{role}-1"]

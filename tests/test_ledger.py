@@ -7,7 +7,8 @@ import json
 import pytest
 
 from analysis.atomic import JsonListFile
-from collector.ledger import FRAME_TIMES, OPEN_ID_SLACK, Ledger
+from collector.ledger import OPEN_ID_SLACK, Ledger
+from topology.stages import frame_times
 from inputs.plans import FramePlan, SourceItem
 
 
@@ -18,7 +19,7 @@ def _plan(total, open_ended=False):
 
 
 def _result(frame_id, name, detections=2, saved=True, cold=False):
-    return {"id": frame_id, "name": name, "t": {k: frame_id + i / 10 for i, k in enumerate(FRAME_TIMES)},
+    return {"id": frame_id, "name": name, "t": {k: frame_id + i / 10 for i, k in enumerate(frame_times())},
             "workers": {"pre": "pre-0", "infer": f"infer-{frame_id % 2}", "post": "post-1"}, "batch": 1,
             "detections": [{}] * detections, "image_saved": saved, "cold": cold}
 

@@ -14,7 +14,7 @@ from analysis.atomic import JsonListFile, whole_records
 from analysis.samples import Samples
 from tests.live_run import SMALL_RUN
 from collector.journal import JOURNAL_NAME, Journal, frame_row, reload
-from collector.ledger import FRAME_TIMES
+from topology.stages import frame_times
 from process.faults import TEST_SLOW_ENV
 
 
@@ -26,7 +26,7 @@ def test_whole_records_keep_every_line_that_parses_up_to_the_cut():
 
 
 def _result(frame_id: int, boxes: int) -> dict:
-    return {"id": frame_id, "name": "bus.jpg", "t": {k: 0.5 * i for i, k in enumerate(FRAME_TIMES)}, "batch": 1,
+    return {"id": frame_id, "name": "bus.jpg", "t": {k: 0.5 * i for i, k in enumerate(frame_times())}, "batch": 1,
             "image_saved": False, "cold": True, "workers": {"pre": "pre-0", "infer": "infer-1", "post": "post-0"},
             "detections": [{"frame": frame_id, "k": k} for k in range(boxes)]}
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from topology.stages import process_names
+from topology.stages import process_names, source_role
 from wire.wiring import Wire
 from wire.loop_clock import LoopClock
 from wire.messages import ACK, CREDIT, END, FRAME, RELEASE, validate
@@ -328,8 +328,8 @@ class SlotReturns:
     def __init__(self, ctx: zmq.Context, args):
         self.token = args.wire.token
         self.sockets = {}
-        owners = process_names(args.endpoints.counts, "pre")
-        for owner, endpoint in zip(owners, args.endpoints.of_pool("pre", "-returns")):
+        owners = process_names(args.endpoints.counts, source_role())
+        for owner, endpoint in zip(owners, args.endpoints.of_pool(source_role(), "-returns")):
             socket = make_socket(ctx, zmq.PUSH, linger_ms=0, sndhwm=1000, curve=args.wire.curve)
             socket.connect(endpoint)
             self.sockets[owner] = socket

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from topology.stages import KINDS, endpoint_names, process_names
+from topology.stages import endpoint_names, process_names, producer_of
 from wire.transport import CurveKeys, ipc_endpoint
 
 
@@ -26,7 +26,7 @@ class Endpoints:
 
     def producers(self, role: str) -> tuple[list[str], list[str]]:
         """(names, urls) of the processes a ``role`` process takes frames from."""
-        names = process_names(self.counts, KINDS[role].takes_from)
+        names = process_names(self.counts, producer_of(role))
         return names, [self.by_name[name] for name in names]
 
     def of_pool(self, role: str, suffix: str = "") -> list[str]:
@@ -79,6 +79,10 @@ class StageArgs:
     poison_position: int = -1  # preprocess: the position of a frame that killed it twice: failed, not read
     poison_reason: str = ""
     poison_frames: tuple[tuple[int, str | None], ...] = ()  # infer, post: (id, reason to fail it, or None: suspect)
+    workers: tuple[str, ...] = ()  # collector: every frame stage's process, whose summaries it waits for
+    runner_started_s: float = 0.0  # collector: when the runner started (the report's start-up time)
+    machine: dict = field(default_factory=dict)  # collector: analysis.machine.Machine.as_dict()
+    resume: object = None  # a restarted collector: collector.journal.Resume
 
     @property
     def identity(self) -> str:

@@ -15,28 +15,25 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-import zmq
 
 from analysis.samples import Samples
 from backends.registry import load_backend
-from topology.stages import consumers_of
-from process.clock import Clock, poll, worker_stats
-from process.control import Control, Heartbeat
 from process.faults import TestFaults
-from process.lifecycle import enter_process, set_thread_counts, setup_logging
+from process.stage_loop import POLL_TIMEOUT_MS, Stage, StageProcess, run_loop
 from sharedmem.in_hand import InHand
-from wire.links import Downstream, Upstream
-from wire.frame_header import FrameHeader
 from sharedmem.slots import SlotError, SlotViews
+from wire.frame_header import FrameHeader
+from wire.links import Upstream
+from wire.transport import ProtocolError
 from wire.wiring import StageArgs
-from wire.transport import DropCounter, ProtocolError, make_socket, send_message
+from workers.onward import Onward
 from yolo.detect import DetectOptions
 from yolo.letterbox import LETTERBOX_STRIDE
 from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
 from yolo.tensors import batch_bucket
 
-POLL_TIMEOUT_MS = 100
+ROLE = "infer"
 NO_CANDIDATES = np.zeros((0, 6), np.float32)
 
 
@@ -99,114 +96,110 @@ class Detector:
         return self.backend.log_line()
 
 
+class Inference(Stage):
+    """Gathers frames by letterboxed shape, runs a batch when it is full or has waited long
+    enough, and sends each frame's candidates on to postprocess."""
+
+    def __init__(self, process: StageProcess):
+        args, cfg = process.args, process.args.config
+        self.process, self.args, self.cfg = process, args, cfg
+        TestFaults.for_role(ROLE).delay_start()
+        self.detector = Detector(args)
+        producers, urls = args.endpoints.producers(ROLE)
+        self.frames_in = Upstream(process.ctx, urls, producers, args.identity, cfg.credit_per_producer(), args.wire,
+                                  process.drops)
+        for socket in self.frames_in.sockets:
+            process.listen(socket, self.receive)
+        self.onward = Onward(process, self.frames_in)
+        self.views = SlotViews(args.run_tag)
+        self.faults = TestFaults.for_role(ROLE)
+        self.waiting: dict[tuple, list[Waiting]] = collections.defaultdict(list)  # by letterboxed shape
+        self.substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
+        self.batches = self.frames = self.cold_forwards = 0
+        self.cold_forward_s = 0.0  # first forwards of an input shape: set-up time left out of ms per frame, said apart
+        self.module_times = ModuleTimes(self.detector.timing)
+        self.in_hand = InHand(args.run_tag, args.name)  # the batch being run, for the runner if this dies
+        self.started = False
+        process.log.info(self.detector.log_line())
+
+    def peer_gone(self, notice: dict) -> None:
+        self.onward.peer_gone(notice)
+        self.frames_in.producer_gone(notice["name"], notice["final"])
+
+    def step(self) -> bool:
+        if not self.started and self.onward.ready():
+            # Grant credit upstream only once every postprocess worker is up, so no frame is
+            # read (and timed) before the whole pipeline can carry it.
+            self.frames_in.start()
+            self.started = True
+        self.onward.step()
+        due = _due_batch(self.waiting, self.cfg, self.frames_in.all_ended())
+        if due is None or len(self.onward.outbox) >= self.cfg.batch_size:
+            return False
+        group, self.waiting[due] = _take_batch(self.waiting[due], self.cfg.batch_size, self.process.control.poison)
+        if not self.waiting[due]:
+            del self.waiting[due]
+        self.run_batch(group)
+        return True
+
+    def run_batch(self, group: list[Waiting]) -> None:
+        measured = all(item.header.id >= self.cfg.warmup for item in group)
+        with self.process.clock.busy() as spent:
+            self.in_hand.hold(*(item.header.id for item in group))
+            t_start = time.perf_counter()
+            found, cold = self.detector.candidates([item.image for item in group], self.substages, measured)
+            self.faults.on_frames([item.header.name for item in group])
+            t_end = time.perf_counter()
+            self.in_hand.hold()
+        for header, arrays in _to_post(group, found, cold, t_start, t_end, self.args.name, len(group)):
+            self.onward.put(header, arrays, release=header["release_by"] == ROLE)
+        self.module_times.after_forward()
+        if measured and not cold:
+            self.process.clock.add_frames(*spent, frames=len(group))
+        elif cold:
+            self.cold_forwards, self.cold_forward_s = self.cold_forwards + 1, self.cold_forward_s + t_end - t_start
+        self.batches += 1
+        self.frames += len(group)
+
+    def done(self) -> bool:
+        return self.frames_in.all_ended() and not self.waiting and self.onward.finished()
+
+    def poll_timeout_ms(self) -> float:
+        if len(self.onward.outbox) >= self.cfg.batch_size:  # no batch may run until postprocess takes some
+            return POLL_TIMEOUT_MS
+        return _poll_timeout_ms(self.waiting, self.cfg)
+
+    def blocked_on_output(self) -> bool:
+        return self.onward.blocked()
+
+    def receive(self, socket) -> None:
+        _receive(socket, self.frames_in, self.views, self.waiting, self.onward, self.args, self.process.control.poison)
+
+    def finish(self) -> None:
+        held = sorted([item.header.id for items in self.waiting.values() for item in items] +
+                      [h["id"] for h, _, _ in self.onward.outbox])
+        onward, detector = self.onward, self.detector
+        self.process.tell_collector(self.process.summary(
+            ROLE, self.frames, batches=self.batches, precision=detector.precision, backend=detector.backend_name,
+            cold_forwards=self.cold_forwards, cold_forward_s=self.cold_forward_s,
+            bytes_in=self.frames_in.bytes_received, bytes_out=onward.bytes_out,
+            messages_in=self.frames_in.frames_received, messages_out=onward.messages_out,
+            substages_ms={k: v.to_dict() for k, v in self.substages.items()}, link=onward.link_label,
+            timing=self.module_times.export(), **{**onward.held(), "held": held}))
+
+    def close(self) -> None:
+        self.in_hand.close()
+        self.views.close()
+        self.frames_in.close()
+        self.onward.close()
+
+
 def run(args: StageArgs) -> None:
-    signals = enter_process(args)
-    threads = set_thread_counts(args.torch_threads, args.opencv_threads)
-    log = setup_logging(args.name, args.log_path, args.config.log_level)
-    cfg = args.config
-    TestFaults.for_role("infer").delay_start()
-    detector = Detector(args)
-    drops = DropCounter(log)
-    ctx = zmq.Context()
-    control = Control(ctx, args, drops)
-    heartbeat = Heartbeat(ctx, args, signals)
-    producers, urls = args.endpoints.producers("infer")
-    frames_in = Upstream(ctx, urls, producers, args.identity, cfg.credit_per_producer(), args.wire, drops)
-    frames_out = Downstream(ctx, args.endpoints[args.name], consumers_of(args.endpoints.counts, "infer"),
-                            args.identity, args.wire, drops)
-    results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
-    results_out.connect(args.endpoints["collector"])
-    views = SlotViews(args.run_tag)
-    poller = zmq.Poller()
-    for socket in frames_in.sockets + [frames_out.socket, control.socket]:
-        poller.register(socket, zmq.POLLIN)
-    clock, faults = Clock(), TestFaults.for_role("infer")
-    waiting: dict[tuple, list[Waiting]] = collections.defaultdict(list)  # by letterboxed shape
-    outbox: collections.deque = collections.deque()  # (header, arrays) ready for the postprocess pool
-    substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
-    batches = frames = cold_forwards = 0
-    cold_forward_s = 0.0  # first forwards of an input shape: set-up time left out of ms per frame, said apart
-    module_times = ModuleTimes(detector.timing)
-    in_hand = InHand(args.run_tag, args.name)  # the batch being run, for the runner if this dies
-    log.info(detector.log_line())
-    try:
-        started = False
-        while not control.check():
-            heartbeat.tick()
-            for notice in control.take_gone():
-                frames_out.peer_gone(notice["name"], notice["incarnation"], notice["final"])
-                frames_in.producer_gone(notice["name"], notice["final"])
-            if not started and frames_out.all_peers_known():
-                # Grant credit upstream only once every postprocess worker is up, so no frame is
-                # read (and timed) before the whole pipeline can carry it.
-                frames_in.start()
-                started = True
-            frames_out.send_queued()
-            while outbox and frames_out.has_credit():
-                header, arrays = outbox[0]
-                if frames_out.send(header, arrays) is None:
-                    continue  # that consumer is gone; try the others
-                outbox.popleft()
-                frames_in.ack(header["id"], release=header.get("release_by") == "infer")
-            due = _due_batch(waiting, cfg, frames_in.all_ended())
-            if due is not None and len(outbox) < cfg.batch_size:
-                group, waiting[due] = _take_batch(waiting[due], cfg.batch_size, control.poison)
-                if not waiting[due]:
-                    del waiting[due]
-                measured = all(item.header.id >= cfg.warmup for item in group)
-                with clock.busy() as spent:
-                    in_hand.hold(*(item.header.id for item in group))
-                    t_start = time.perf_counter()
-                    found, cold = detector.candidates([item.image for item in group], substages, measured)
-                    faults.on_frames([item.header.name for item in group])
-                    t_end = time.perf_counter()
-                    in_hand.hold()
-                outbox.extend(_to_post(group, found, cold, t_start, t_end, args.name, len(group)))
-                module_times.after_forward()
-                if measured and not cold:
-                    clock.add_frames(*spent, frames=len(group))
-                elif cold:
-                    cold_forwards, cold_forward_s = cold_forwards + 1, cold_forward_s + t_end - t_start
-                batches += 1
-                frames += len(group)
-                continue
-            if frames_in.all_ended() and not waiting and not outbox and frames_out.finish(log):
-                break
-            blocked = len(outbox) >= cfg.batch_size  # no batch may run until postprocess takes some
-            timeout_ms = POLL_TIMEOUT_MS if blocked else _poll_timeout_ms(waiting, cfg)
-            events = poll(poller, timeout_ms, clock, blocked_on_output=bool(outbox))
-            for socket in frames_in.sockets:
-                if socket in events:
-                    _receive(socket, frames_in, views, waiting, results_out, args, control.poison)
-            if frames_out.socket in events:
-                frames_out.handle()
-            if control.socket in events:
-                control.handle()
-        if control.stop_reason:
-            log.info("stopping: %s", control.stop_reason)
-        held = sorted([item.header.id for items in waiting.values() for item in items] +
-                      [h["id"] for h, _ in outbox])
-        send_message(results_out, worker_stats(
-            args, "infer", threads, clock, frames, drops, batches=batches, precision=detector.precision,
-            backend=detector.backend_name,
-            cold_forwards=cold_forwards, cold_forward_s=cold_forward_s,
-            bytes_in=frames_in.bytes_received, bytes_out=frames_out.bytes_sent,
-            messages_in=frames_in.frames_received, messages_out=frames_out.frames_sent,
-            substages_ms={k: v.to_dict() for k, v in substages.items()}, link="infer->post",
-            timing=module_times.export(), held=held, held_by=frames_out.held_by(),
-            resent=frames_out.resent_by), token=args.wire.token)
-    finally:
-        in_hand.close()
-        heartbeat.close()
-        views.close()
-        frames_in.close()
-        frames_out.close()
-        results_out.close()
-        control.close()
-        ctx.term()
+    process = StageProcess(args, use_torch=True)
+    run_loop(process, Inference(process))
 
 
-def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, results_out, args: StageArgs,
+def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, onward: Onward, args: StageArgs,
              poison: dict[int, str]) -> None:
     """A frame into the batch of its shape; failed at once when its pixels are bad or when it
     killed inference workers twice (``poison``: id -> reason; None for a suspect, run alone)."""
@@ -226,8 +219,7 @@ def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, resul
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
             raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")
     except SlotError as exc:
-        send_message(results_out, header.failed("infer", args.name, str(exc)), token=args.wire.token)
-        frames_in.ack(header.id, release=True)
+        onward.failed(header.failed(ROLE, args.name, str(exc)), release=True)
         return
     waiting[tuple(image.shape)].append(Waiting(time.perf_counter(), header, msg.arrays, image))
 

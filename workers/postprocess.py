@@ -6,7 +6,6 @@ A full disk stops image saving with one logged error: frames are still detected 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import errno
 import os
@@ -15,54 +14,27 @@ import time
 import cv2
 import numpy as np
 import torch
-import zmq
 
 from analysis.samples import Samples
 from process.failure_log import FailureLog
-from process.clock import Clock, poll, worker_stats
-from process.control import Control, Heartbeat
 from process.faults import TestFaults
-from process.lifecycle import enter_process, set_thread_counts, setup_logging
+from process.stage_loop import Stage, StageProcess, run_loop
 from sharedmem.in_hand import InHand
-from wire.links import SlotReturns, Upstream
-from wire.frame_header import FrameHeader
-from wire.messages import RESULT
 from sharedmem.slots import SlotError, SlotViews
+from wire.frame_header import FrameHeader
+from wire.links import SlotReturns, Upstream
+from wire.messages import RESULT
+from wire.transport import ProtocolError
 from wire.wiring import StageArgs
-from wire.transport import DropCounter, ProtocolError, make_socket, send_message
+from workers.onward import Onward
 from yolo.coco import coco_results
 from yolo.crops import crop_box, crop_paths
 from yolo.detect import annotated_name, detection_records, final_detections, in_full_size
 from yolo.draw import DrawOptions, draw_detections
 from yolo.labels import label_lines, label_path
 
-POLL_TIMEOUT_MS = 100
+ROLE = "post"
 JPEG_QUALITY = 95  # OpenCV's default, as imwrite uses
-RESEND_WINDOW = 256  # results kept after sending: those a collector that died had not written are among them
-
-
-class SentResults:
-    """The last results and failures sent to the collector. When it dies, those it had not yet
-    written die with it (in its queues, or its memory); they go again to its next incarnation,
-    which counts each frame once (collector.journal). A frame sent before the window is
-    written, or, if it was lost too, accounted as lost at the end."""
-
-    def __init__(self, results_out, token: bytes):
-        self.results_out, self.token = results_out, token
-        self.recent: collections.deque = collections.deque(maxlen=RESEND_WINDOW)
-        self.resent_by: dict[str, int] = {}  # identity of the dead collector -> results sent again
-
-    def send(self, header: dict) -> int:
-        self.recent.append(header)
-        return send_message(self.results_out, header, token=self.token)
-
-    def collector_gone(self, notice: dict) -> None:
-        if notice["name"] != "collector":
-            return
-        for header in self.recent:
-            send_message(self.results_out, header, token=self.token)  # queued until the new collector binds
-        key = f"collector.{notice['incarnation']}"
-        self.resent_by[key] = self.resent_by.get(key, 0) + len(self.recent)
 
 
 class Outputs:
@@ -173,91 +145,91 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
     return result
 
 
+class Postprocess(Stage):
+    """Takes each frame from inference, finishes it (:func:`postprocess`) and sends it on."""
+
+    def __init__(self, process: StageProcess):
+        args, cfg = process.args, process.args.config
+        self.process, self.args = process, args
+        self.opts, self.draw, self.names = cfg.detect_options(), cfg.draw_options(), list(args.names)
+        self.failures = FailureLog(process.log)
+        producers, urls = args.endpoints.producers(ROLE)
+        self.frames_in = Upstream(process.ctx, urls, producers, args.identity, cfg.prefetch, args.wire, process.drops)
+        for socket in self.frames_in.sockets:
+            process.listen(socket, self.receive)
+        self.onward = Onward(process, self.frames_in)
+        self.returns = SlotReturns(process.ctx, args)
+        self.views = SlotViews(args.run_tag)
+        self.outputs = Outputs(args.run_dir, cfg, process.log)
+        self.faults = TestFaults.for_role(ROLE)
+        self.substages = {"nms": Samples(), "draw": Samples(), "save": Samples()}
+        self.frames = 0
+        self.in_hand = InHand(args.run_tag, args.name)  # the frame being finished, for the runner if this dies
+        self.frames_in.start()
+
+    def keep_going(self, control) -> bool:
+        return not control.check() and not (self.frames_in.all_ended() and self.onward.finished())
+
+    def peer_gone(self, notice: dict) -> None:
+        self.frames_in.producer_gone(notice["name"], notice["final"])
+        self.onward.peer_gone(notice)
+
+    def step(self) -> bool:
+        return self.onward.step()
+
+    def blocked_on_output(self) -> bool:
+        return self.onward.blocked()
+
+    def receive(self, socket) -> None:
+        msg = self.frames_in.receive(socket)
+        if msg is None:
+            return
+        try:
+            h = FrameHeader.from_message(msg.header, sent_by="infer")
+        except ProtocolError as exc:
+            self.process.drops.note(exc, "frames")
+            self.frames_in.ack(msg.header["id"])
+            return
+        measured = h.id >= self.args.config.warmup
+        control = self.process.control
+        with self.process.clock.busy() as spent:
+            self.in_hand.hold(h.id)
+            try:
+                if control.poison.get(h.id):  # it killed postprocess workers twice: failed, not run
+                    raise RuntimeError(control.poison[h.id])
+                self.faults.on_frames([h.name])
+                result = postprocess(h, msg.arrays, self.views, self.opts, self.names, self.outputs, self.substages,
+                                     measured, self.draw)
+                result["workers"] = {"pre": h.pre, "infer": h.infer, ROLE: self.args.name}
+                self.onward.put(result)
+            except Exception as exc:  # one bad frame must not take the stage down
+                poisoned = bool(control.poison.get(h.id))
+                self.failures.failed("frame %d failed in postprocess", h.id, exc_info=not poisoned)
+                self.onward.failed(h.failed(ROLE, self.args.name, str(exc) if poisoned else repr(exc)))
+            if h.release_by == ROLE:
+                self.returns.release(h.id, h.pre, h.px)
+            self.in_hand.hold()
+        if measured and not h.cold:
+            self.process.clock.add_frames(*spent, frames=1)
+        self.frames += 1
+
+    def finish(self) -> None:
+        onward = self.onward
+        self.process.tell_collector(self.process.summary(
+            ROLE, self.frames, bytes_in=self.frames_in.bytes_received, bytes_out=onward.bytes_out,
+            messages_in=self.frames_in.frames_received, messages_out=onward.messages_out, link=onward.link_label,
+            substages_ms={k: v.to_dict() for k, v in self.substages.items()}, **onward.held(),
+            images_saved=self.outputs.saved, image_error=self.outputs.error))
+
+    def close(self) -> None:
+        self.failures.close()
+        self.in_hand.close()
+        self.views.close()
+        self.returns.close()
+        self.frames_in.close()
+        self.onward.close()
+
+
 def run(args: StageArgs) -> None:
-    signals = enter_process(args)
-    threads = set_thread_counts(args.torch_threads, args.opencv_threads)
-    log = setup_logging(args.name, args.log_path, args.config.log_level)
-    cfg = args.config
-    opts = cfg.detect_options()
-    draw = cfg.draw_options()
-    names = list(args.names)
-    drops = DropCounter(log)
-    failures = FailureLog(log)
-    ctx = zmq.Context()
-    control = Control(ctx, args, drops)
-    heartbeat = Heartbeat(ctx, args, signals)
-    producers, urls = args.endpoints.producers("post")
-    frames_in = Upstream(ctx, urls, producers, args.identity, cfg.prefetch, args.wire, drops)
-    results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
-    results_out.connect(args.endpoints["collector"])
-    returns = SlotReturns(ctx, args)
-    views = SlotViews(args.run_tag)
-    outputs = Outputs(args.run_dir, cfg, log)
-    poller = zmq.Poller()
-    for socket in frames_in.sockets + [control.socket]:
-        poller.register(socket, zmq.POLLIN)
-    clock, faults = Clock(), TestFaults.for_role("post")
-    substages = {"nms": Samples(), "draw": Samples(), "save": Samples()}
-    frames = bytes_out = 0
-    sent = SentResults(results_out, args.wire.token)
-    in_hand = InHand(args.run_tag, args.name)  # the frame being finished, for the runner if this dies
-    frames_in.start()
-    try:
-        while not control.check() and not frames_in.all_ended():
-            heartbeat.tick()
-            for notice in control.take_gone():
-                frames_in.producer_gone(notice["name"], notice["final"])
-                sent.collector_gone(notice)
-            events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=False)
-            for socket in frames_in.sockets:
-                if socket not in events:
-                    continue
-                msg = frames_in.receive(socket)
-                if msg is None:
-                    continue
-                try:
-                    h = FrameHeader.from_message(msg.header, sent_by="infer")
-                except ProtocolError as exc:
-                    drops.note(exc, "frames")
-                    frames_in.ack(msg.header["id"])
-                    continue
-                measured = h.id >= cfg.warmup
-                with clock.busy() as spent:
-                    in_hand.hold(h.id)
-                    try:
-                        if control.poison.get(h.id):  # it killed postprocess workers twice: failed, not run
-                            raise RuntimeError(control.poison[h.id])
-                        faults.on_frames([h.name])
-                        result = postprocess(h, msg.arrays, views, opts, names, outputs, substages, measured, draw)
-                        result["workers"] = {"pre": h.pre, "infer": h.infer, "post": args.name}
-                        bytes_out += sent.send(result)
-                    except Exception as exc:  # one bad frame must not take the stage down
-                        poisoned = bool(control.poison.get(h.id))
-                        failures.failed("frame %d failed in postprocess", h.id, exc_info=not poisoned)
-                        sent.send(h.failed("post", args.name, str(exc) if poisoned else repr(exc)))
-                    if h.release_by == "post":
-                        returns.release(h.id, h.pre, h.px)
-                    frames_in.ack(h.id)
-                    in_hand.hold()
-                if measured and not h.cold:
-                    clock.add_frames(*spent, frames=1)
-                frames += 1
-            if control.socket in events:
-                control.handle()
-        if control.stop_reason:
-            log.info("stopping: %s", control.stop_reason)
-        send_message(results_out, worker_stats(
-            args, "post", threads, clock, frames, drops, bytes_in=frames_in.bytes_received, bytes_out=bytes_out,
-            messages_in=frames_in.frames_received, messages_out=frames, link="post->collector",
-            substages_ms={k: v.to_dict() for k, v in substages.items()}, held=frames_in.held(),
-            images_saved=outputs.saved, image_error=outputs.error, resent=sent.resent_by), token=args.wire.token)
-    finally:
-        failures.close()
-        in_hand.close()
-        heartbeat.close()
-        views.close()
-        returns.close()
-        frames_in.close()
-        results_out.close()
-        control.close()
-        ctx.term()
+    process = StageProcess(args, use_torch=True)
+    run_loop(process, Postprocess(process))

@@ -14,17 +14,15 @@ import zmq
 from analysis.samples import Samples
 from process.failure_log import FailureLog
 from sharedmem.in_hand import NOTHING, InHand
-from topology.stages import consumers_of
-from process.clock import Clock, poll, worker_stats
-from process.control import Control, Heartbeat
+from topology.stages import consumers_of, next_role, release_by
 from process.faults import TestFaults
+from process.stage_loop import Stage, StageProcess, run_loop
 from wire.frame_header import FrameHeader, VideoPlace
-from process.lifecycle import enter_process, set_thread_counts, setup_logging
 from wire.links import Downstream
 from wire.messages import FAILED, RELEASE, validate
 from sharedmem.slots import SHM_DIR, SlotRing, segment_name
 from wire.wiring import StageArgs
-from wire.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
+from wire.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message
 from inputs.frames import Frame, FrameReadError, StreamError
 from inputs.imageio import DecodeOptions
 from yolo.letterbox import LETTERBOX_STRIDE, bgr_to_rgb_chw, letterbox
@@ -33,7 +31,7 @@ from inputs.reader import ShareReader
 
 log = logging.getLogger(__name__)
 
-POLL_TIMEOUT_MS = 100
+ROLE = "pre"
 RETURNS_TYPES = frozenset({RELEASE})
 
 
@@ -98,115 +96,125 @@ class FramesOut:
             self.ring.close(unlink=False)  # frames may still be read downstream; the runner removes it
 
 
+class Preprocess(Stage):
+    """Reads its share of the source, prepares each frame into a slot and hands it on within the
+    credit the inference workers granted; takes slots back as they are released."""
+
+    def __init__(self, process: StageProcess):
+        args, cfg, plan = process.args, process.args.config, process.args.plan
+        self.process, self.args, self.cfg = process, args, cfg
+        self.frames_out = Downstream(process.ctx, args.endpoints[args.name],
+                                     consumers_of(args.endpoints.counts, ROLE), args.identity, args.wire, process.drops)
+        process.listen(self.frames_out.socket, self.take_acks)
+        self.returns_in = make_socket(process.ctx, zmq.PULL, max_message_bytes=FRAME_LIMITS.header_bytes,
+                                      curve=args.wire.curve, curve_server=True)  # a larger message disconnects its sender, as on every bound socket
+        self.returns_in.bind(args.endpoints[f"{args.name}-returns"])
+        process.listen(self.returns_in, lambda socket: _take_returns(socket, self.slots, args, process.drops))
+        self.slots = FramesOut(args)
+        self.faults = TestFaults.for_role(ROLE)
+        self.substages, self.sent = {"read": Samples(), "letterbox": Samples()}, 0
+        reader_of = FeedReader if is_feed(plan.source) else ShareReader
+        self.reader = reader_of(plan, args.index, args.endpoints.counts[ROLE], args.start_position,
+                                decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
+        self.handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
+        self.stream_errors: list[str] = []
+        self.failures = FailureLog(process.log)
+        self.in_hand = InHand(args.run_tag, args.name)  # the frame being read and sent, for the runner if this dies
+        self.share_done = False
+        self.ready = None  # a prepared frame waiting for credit
+
+    def peer_gone(self, notice: dict) -> None:
+        self.frames_out.peer_gone(notice["name"], notice["incarnation"], notice["final"])
+
+    def more(self) -> bool:
+        return not self.share_done and not self.process.control.draining()
+
+    def step(self) -> bool:
+        self.frames_out.send_queued()
+        if self.ready is None and self.more() and self.frames_out.all_peers_known() and self.slots.has_room():
+            waiting = self.read()
+            if not waiting:
+                return True
+        if self.ready is not None and self.frames_out.has_credit():
+            if self.frames_out.send(*self.ready) is not None:  # else its consumer is gone: try another
+                self.sent += 1
+                self.hand_on()
+            return True
+        return False
+
+    def read(self) -> bool:
+        """Read and prepare the next frame; True when a feed has no line yet (wait before asking again)."""
+        heartbeat, clock = self.process.heartbeat, self.process.clock
+        with clock.busy() as spent:
+            self.in_hand.hold(self.reader.position)
+            self.ready, self.share_done, waiting = _read_next(self.reader, self.slots, self.cfg, self.args,
+                                                              self.process, self.failures, self.stream_errors,
+                                                              self.faults)
+        if self.ready is None:
+            self.handed = self.reader.position
+            self.in_hand.hold(NOTHING)
+        elif self.ready[0]["id"] >= self.cfg.warmup:
+            t = self.ready[0]["t"]
+            self.substages["read"].add((t["read_end"] - t["read_start"]) * 1e3)
+            self.substages["letterbox"].add((t["pre_end"] - t["read_end"]) * 1e3)
+            clock.add_frames(*spent, frames=1)
+        heartbeat.position = self.handed
+        return waiting
+
+    def hand_on(self) -> None:
+        self.handed = self.reader.position
+        self.in_hand.hold(NOTHING)
+        self.process.heartbeat.position = self.handed
+        self.ready = None
+
+    def done(self) -> bool:
+        return self.ready is None and not self.more() and self.frames_out.finish(self.process.log)
+
+    def blocked_on_output(self) -> bool:
+        return self.ready is not None or not self.slots.has_room()
+
+    def take_acks(self, socket) -> None:
+        for frame_id in self.frames_out.handle():
+            self.slots.release(frame_id)
+
+    def finish(self) -> None:
+        ring, frames_out = self.slots.ring, self.frames_out
+        self.process.tell_collector(self.process.summary(
+            ROLE, self.sent, bytes_out=frames_out.bytes_sent, messages_out=self.sent,
+            substages_ms={k: v.to_dict() for k, v in self.substages.items()}, link=f"{ROLE}->{next_role(ROLE)}",
+            position=self.handed, share=self.reader.planned, held_by=frames_out.held_by(),
+            resent=frames_out.resent_by, slots=ring.count if ring else 0, inline_arrays=ring.inline_arrays if ring else 0,
+            stream_errors=self.stream_errors, streams=[dataclasses.asdict(s) for s in self.reader.stream_stats()]))
+
+    def close(self) -> None:
+        self.failures.close()
+        self.in_hand.close()
+        self.reader.close()
+        self.slots.close()
+        self.frames_out.close()
+        self.returns_in.close()
+
+
 def run(args: StageArgs) -> None:
-    signals = enter_process(args)
-    threads = set_thread_counts(args.torch_threads, args.opencv_threads, use_torch=False)
-    log = setup_logging(args.name, args.log_path, args.config.log_level)
-    cfg, plan = args.config, args.plan
-    drops = DropCounter(log)
-    ctx = zmq.Context()
-    control = Control(ctx, args, drops)
-    heartbeat = Heartbeat(ctx, args, signals)
-    consumers = consumers_of(args.endpoints.counts, "pre")
-    frames_out = Downstream(ctx, args.endpoints[args.name], consumers, args.identity, args.wire, drops)
-    returns_in = make_socket(ctx, zmq.PULL, max_message_bytes=FRAME_LIMITS.header_bytes, curve=args.wire.curve,
-                             curve_server=True)  # a larger message disconnects its sender, as on every bound socket
-    returns_in.bind(args.endpoints[f"{args.name}-returns"])
-    results_out = make_socket(ctx, zmq.PUSH, curve=args.wire.curve)
-    results_out.connect(args.endpoints["collector"])
-    slots = FramesOut(args)
-    poller = zmq.Poller()
-    for socket in (frames_out.socket, returns_in, control.socket):
-        poller.register(socket, zmq.POLLIN)
-    clock, faults = Clock(), TestFaults.for_role("pre")
-    substages, sent = {"read": Samples(), "letterbox": Samples()}, 0
-    reader_of = FeedReader if is_feed(plan.source) else ShareReader
-    reader = reader_of(plan, args.index, args.endpoints.counts["pre"], args.start_position,
-                       decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
-    handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
-    stream_errors: list[str] = []
-    failures = FailureLog(log)
-    in_hand = InHand(args.run_tag, args.name)  # the frame being read and sent, for the runner if this dies
-    share_done = False
-    try:
-        ready = None  # a prepared frame waiting for credit
-        while not control.check():
-            heartbeat.tick()
-            for notice in control.take_gone():
-                frames_out.peer_gone(notice["name"], notice["incarnation"], notice["final"])
-            frames_out.send_queued()
-            more = not share_done and not control.draining()
-            if ready is None and more and frames_out.all_peers_known() and slots.has_room():
-                with clock.busy() as spent:
-                    in_hand.hold(reader.position)
-                    ready, share_done, waiting = _read_next(reader, slots, cfg, args, results_out, failures,
-                                                            stream_errors, faults)
-                if ready is None:
-                    handed = reader.position
-                    in_hand.hold(NOTHING)
-                elif ready[0]["id"] >= cfg.warmup:
-                    t = ready[0]["t"]
-                    substages["read"].add((t["read_end"] - t["read_start"]) * 1e3)
-                    substages["letterbox"].add((t["pre_end"] - t["read_end"]) * 1e3)
-                    clock.add_frames(*spent, frames=1)
-                heartbeat.position = handed
-                if not waiting:
-                    continue
-            if ready is not None and frames_out.has_credit():
-                if frames_out.send(*ready) is not None:  # else its consumer is gone: try another
-                    sent += 1
-                    handed = reader.position
-                    in_hand.hold(NOTHING)
-                    heartbeat.position = handed
-                    ready = None
-                continue
-            if ready is None and not more and frames_out.finish(log):
-                break
-            events = poll(poller, POLL_TIMEOUT_MS, clock, blocked_on_output=ready is not None or not slots.has_room())
-            if frames_out.socket in events:
-                for frame_id in frames_out.handle():
-                    slots.release(frame_id)
-            if returns_in in events:
-                _take_returns(returns_in, slots, args, drops)
-            if control.socket in events:
-                control.handle()
-        if control.stop_reason or control.drain_reason:
-            log.info("stopping: %s", control.stop_reason or control.drain_reason)
-        send_message(results_out, worker_stats(
-            args, "pre", threads, clock, sent, drops, bytes_out=frames_out.bytes_sent, messages_out=sent,
-            substages_ms={k: v.to_dict() for k, v in substages.items()}, link="pre->infer",
-            position=handed, share=reader.planned, held_by=frames_out.held_by(), resent=frames_out.resent_by,
-            slots=slots.ring.count if slots.ring else 0, inline_arrays=slots.ring.inline_arrays if slots.ring else 0,
-            stream_errors=stream_errors,
-            streams=[dataclasses.asdict(s) for s in reader.stream_stats()]), token=args.wire.token)
-    finally:
-        failures.close()
-        in_hand.close()
-        reader.close()
-        heartbeat.close()
-        slots.close()
-        for closable in (frames_out, control):
-            closable.close()
-        returns_in.close()
-        results_out.close()
-        ctx.term()
+    process = StageProcess(args, use_torch=False)
+    run_loop(process, Preprocess(process))
 
 
-def _report_failed(ref, reason: str, args: StageArgs, results_out, failures: FailureLog,
+def _report_failed(ref, reason: str, args: StageArgs, process: StageProcess, failures: FailureLog,
                    repeat: bool = False) -> None:
     """``repeat``: a frame after a video given up fails for the reason already logged, said once."""
     if repeat:
         log.debug("frame %d (%s) failed: %s", ref.frame_id, ref.name, reason)
     else:
         failures.failed("frame %d (%s) failed: %s", ref.frame_id, ref.name, reason)
-    failure = {"type": FAILED, "id": ref.frame_id, "name": ref.name, "stage": "pre", "worker": args.name,
+    failure = {"type": FAILED, "id": ref.frame_id, "name": ref.name, "stage": ROLE, "worker": args.name,
                "reason": reason, "cycle": ref.cycle}
     if ref.kind in ("video", "stream"):
         failure["video"] = {"item": ref.item, "index": ref.index}
-    send_message(results_out, failure, token=args.wire.token)
+    process.tell_collector(failure)
 
 
-def _read_next(reader: ShareReader | FeedReader, slots: FramesOut, cfg, args: StageArgs, results_out,
+def _read_next(reader: ShareReader | FeedReader, slots: FramesOut, cfg, args: StageArgs, process: StageProcess,
                failures: FailureLog, stream_errors: list[str], faults: TestFaults
                ) -> tuple[tuple[dict, list] | None, bool, bool]:
     """(the next frame prepared and packed into a slot, or None; whether the share is done;
@@ -217,13 +225,13 @@ def _read_next(reader: ShareReader | FeedReader, slots: FramesOut, cfg, args: St
         if reader.position == args.poison_position:
             ref = reader.skip()
             if ref is not None:
-                _report_failed(ref, args.poison_reason, args, results_out, failures)
+                _report_failed(ref, args.poison_reason, args, process, failures)
                 return None, False, False
         frame = reader.next()
     except FeedWaiting:
         return None, False, True
     except FrameReadError as exc:
-        _report_failed(exc.ref, exc.reason, args, results_out, failures, repeat=exc.repeat)
+        _report_failed(exc.ref, exc.reason, args, process, failures, repeat=exc.repeat)
         return None, False, False
     except StreamError as exc:
         failures.log.error("%s", exc)
@@ -235,8 +243,8 @@ def _read_next(reader: ShareReader | FeedReader, slots: FramesOut, cfg, args: St
     save_every = cfg.save_every
     position = frame.ref.index if frame.video is not None else frame.ref.frame_id  # a video keeps every N-th of its own
     keep = save_every > 0 and position % save_every == 0
-    release_by = "collector" if keep and frame.video is not None else "post" if keep else "infer"
-    return slots.pack(*prepare(frame, t_read, cfg, keep, args.name, release_by)), False, False
+    releaser = release_by(keep, video=frame.video is not None)
+    return slots.pack(*prepare(frame, t_read, cfg, keep, args.name, releaser)), False, False
 
 
 def _take_returns(returns_in: zmq.Socket, slots: FramesOut, args: StageArgs, drops: DropCounter) -> None:

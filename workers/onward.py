@@ -1,0 +1,124 @@
+"""Where a frame stage after inference sends what it finished: on to the next stage's pool over a
+credit link, or, from the last frame stage, to the collector as a result. Which of the two follows
+from the stage table, so a stage registered after postprocess takes postprocess's results and
+hands them on without postprocess knowing it is there."""
+
+from __future__ import annotations
+
+import collections
+
+from process.stage_loop import StageProcess
+from topology.stages import consumers_of, next_role, role_of, sink_role
+from wire.links import Downstream, Upstream
+from wire.messages import RESULT
+from wire.transport import send_message
+
+RESEND_WINDOW = 256  # results kept after sending: those a collector that died had not written are among them
+
+
+class SentResults:
+    """The last results and failures sent to the collector. When it dies, those it had not yet
+    written die with it (in its queues, or its memory); they go again to its next incarnation,
+    which counts each frame once (collector.journal). A frame sent before the window is
+    written, or, if it was lost too, accounted as lost at the end."""
+
+    def __init__(self, process: StageProcess):
+        self.results_out, self.token = process.to_collector, process.args.wire.token
+        self.recent: collections.deque = collections.deque(maxlen=RESEND_WINDOW)
+        self.resent_by: dict[str, int] = {}  # identity of the dead collector -> results sent again
+
+    def send(self, header: dict) -> int:
+        self.recent.append(header)
+        return send_message(self.results_out, header, token=self.token)
+
+    def collector_gone(self, notice: dict) -> None:
+        if notice["name"] != sink_role():
+            return
+        for header in self.recent:
+            send_message(self.results_out, header, token=self.token)  # queued until the new collector binds
+        key = f"collector.{notice['incarnation']}"
+        self.resent_by[key] = self.resent_by.get(key, 0) + len(self.recent)
+
+
+class Onward:
+    """A finished frame goes on: the last stage sends it to the collector at once (and acks it
+    upstream); a stage with another after it queues it for the next pool's credit, and acks it
+    upstream once sent, so a frame is always held by someone who can send it again. ``release``
+    in an ack gives the frame's slot back through its sender (inference's acks to preprocess)."""
+
+    def __init__(self, process: StageProcess, frames_in: Upstream):
+        args = process.args
+        self.frames_in, self.log, self.name = frames_in, process.log, args.name
+        self.collector = SentResults(process)
+        self.link: Downstream | None = None
+        role = role_of(args.name)
+        if next_role(role) is not None:
+            self.link = Downstream(process.ctx, args.endpoints[args.name], consumers_of(args.endpoints.counts, role),
+                                   args.identity, args.wire, process.drops)
+            process.listen(self.link.socket, lambda socket: self.link.handle())
+        self.outbox: collections.deque[tuple[dict, list, bool]] = collections.deque()
+        self._bytes_to_collector = self.messages_out = 0
+
+    @property
+    def link_label(self) -> str:
+        """The link the report's bytes per frame are counted on: ``post->collector``."""
+        role = role_of(self.name)
+        return f"{role}->{next_role(role) or sink_role()}"
+
+    @property
+    def bytes_out(self) -> int:
+        return self._bytes_to_collector + (self.link.bytes_sent if self.link is not None else 0)
+
+    def ready(self) -> bool:
+        """Every consumer is up (the collector's side needs none to be)."""
+        return self.link is None or self.link.all_peers_known()
+
+    def put(self, header: dict, arrays: list | tuple = (), release: bool = False) -> None:
+        """A finished frame: sent now to the collector (a RESULT), or queued for the next stage."""
+        if self.link is None:
+            self._bytes_to_collector += self.collector.send({**header, "type": RESULT})
+            self.messages_out += 1
+            self.frames_in.ack(header["id"], release=release)
+        else:
+            self.outbox.append((header, list(arrays), release))
+
+    def failed(self, failure: dict, release: bool = False) -> None:
+        """A FAILED message: always to the collector (no stage after this one can use the frame)."""
+        self.collector.send(failure)
+        self.frames_in.ack(failure["id"], release=release)
+
+    def step(self) -> bool:
+        """Send what has credit; True if anything went."""
+        if self.link is None:
+            return False
+        sent = self.link.send_queued() > 0
+        while self.outbox and self.link.has_credit():
+            header, arrays, release = self.outbox[0]
+            if self.link.send(header, arrays) is None:
+                continue  # that consumer is gone; try the others
+            self.outbox.popleft()
+            self.frames_in.ack(header["id"], release=release)
+            self.messages_out += 1
+            sent = True
+        return sent
+
+    def peer_gone(self, notice: dict) -> None:
+        self.collector.collector_gone(notice)
+        if self.link is not None:
+            self.link.peer_gone(notice["name"], notice["incarnation"], notice["final"])
+
+    def blocked(self) -> bool:
+        return bool(self.outbox)
+
+    def finished(self) -> bool:
+        """Everything queued went and was taken (at once for the collector's side)."""
+        return self.link is None or (not self.outbox and self.link.finish(self.log))
+
+    def held(self) -> dict:
+        """The stats fields that say which frames this stage still held, or its consumers did."""
+        return {"held": self.frames_in.held(), "held_by": self.link.held_by() if self.link else {},
+                "resent": {**self.collector.resent_by, **(self.link.resent_by if self.link else {})}}
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()

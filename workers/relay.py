@@ -1,0 +1,127 @@
+"""A pass-through stage after postprocess (a tracker, a filter, an exporter): each process takes
+finished frames (a result: detections, names, timestamps) from the stage before it, hands each to
+the stage's function, and sends what it returns on, to the next stage or the collector.
+
+A plugin makes one with a table entry and a module whose ``run(args)`` calls :func:`run_relay`::
+
+    register_stage(StageKind("track", "tracker", "my_plugin", uses_torch=False, count=1), after="post")
+
+    def run(args):
+        run_relay(args, my_tracker.update)  # takes and returns a result dict
+
+Credit, resends when a process dies, poisoned frames, the report row and the trace span come
+with it, as for the built-in stages."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from analysis.samples import Samples
+from process.failure_log import FailureLog
+from process.faults import TestFaults
+from process.stage_loop import Stage, StageProcess, run_loop
+from sharedmem.in_hand import InHand
+from topology.stages import kind_of, role_of
+from wire.links import SlotReturns, Upstream
+from wire.messages import FAILED, RESULT, SCHEMAS, check_fields
+from wire.transport import ProtocolError
+from wire.wiring import StageArgs
+from workers.onward import Onward
+
+LINK_FIELDS = ("type", "src")  # what the link put on the result
+
+
+class Relay(Stage):
+    def __init__(self, process: StageProcess, on_result: Callable[[dict], dict]):
+        args = process.args
+        self.process, self.args, self.on_result = process, args, on_result
+        self.role = role_of(args.name)
+        self.start_key, self.end_key = kind_of(self.role).frame_times[0], kind_of(self.role).frame_times[-1]
+        producers, urls = args.endpoints.producers(self.role)
+        self.frames_in = Upstream(process.ctx, urls, producers, args.identity, args.config.prefetch, args.wire,
+                                  process.drops)
+        for socket in self.frames_in.sockets:
+            process.listen(socket, self.receive)
+        self.onward = Onward(process, self.frames_in)
+        self.returns = SlotReturns(process.ctx, args)
+        self.failures = FailureLog(process.log)
+        self.faults = TestFaults.for_role(self.role)
+        self.in_hand = InHand(args.run_tag, args.name)
+        self.step_ms = Samples()
+        self.frames = 0
+        self.frames_in.start()
+
+    def keep_going(self, control) -> bool:
+        return not control.check() and not (self.frames_in.all_ended() and self.onward.finished())
+
+    def peer_gone(self, notice: dict) -> None:
+        self.frames_in.producer_gone(notice["name"], notice["final"])
+        self.onward.peer_gone(notice)
+
+    def step(self) -> bool:
+        return self.onward.step()
+
+    def blocked_on_output(self) -> bool:
+        return self.onward.blocked()
+
+    def receive(self, socket) -> None:
+        msg = self.frames_in.receive(socket)
+        if msg is None:
+            return
+        try:
+            result = check_fields({k: v for k, v in msg.header.items() if k not in LINK_FIELDS},
+                                  SCHEMAS[RESULT], "frame")
+        except ProtocolError as exc:
+            self.process.drops.note(exc, "frames")
+            self.frames_in.ack(msg.header["id"])
+            return
+        control, clock = self.process.control, self.process.clock
+        measured = result["id"] >= self.args.config.warmup and not result["cold"]
+        with clock.busy() as spent:
+            self.in_hand.hold(result["id"])
+            t_start = time.perf_counter()
+            try:
+                if control.poison.get(result["id"]):
+                    raise RuntimeError(control.poison[result["id"]])
+                self.faults.on_frames([result["name"]])
+                done = self.on_result(result)
+                done["t"] = {**done["t"], self.start_key: t_start, self.end_key: time.perf_counter()}
+                done["workers"] = {**(done.get("workers") or {}), self.role: self.args.name}
+                self.onward.put(done, msg.arrays)
+            except Exception as exc:  # one bad frame must not take the stage down
+                poisoned = bool(control.poison.get(result["id"]))
+                self.failures.failed("frame %d failed in %s", result["id"], self.role, exc_info=not poisoned)
+                self.fail(result, str(exc) if poisoned else repr(exc))
+            self.in_hand.hold()
+        if measured:
+            clock.add_frames(*spent, frames=1)
+            self.step_ms.add(spent[0] * 1e3)
+        self.frames += 1
+
+    def fail(self, result: dict, reason: str) -> None:
+        """The frame is failed here; a video frame's slot, kept for the collector, is given back."""
+        self.onward.failed({"type": FAILED, "id": result["id"], "name": result["name"], "stage": self.role,
+                            "worker": self.args.name, "reason": reason, "cycle": result.get("cycle"),
+                            "video": result.get("video")})
+        if result.get("px"):
+            self.returns.release(result["id"], result.get("pre"), result["px"])
+
+    def finish(self) -> None:
+        onward = self.onward
+        self.process.tell_collector(self.process.summary(
+            self.role, self.frames, bytes_in=self.frames_in.bytes_received, bytes_out=onward.bytes_out,
+            messages_in=self.frames_in.frames_received, messages_out=onward.messages_out, link=onward.link_label,
+            substages_ms={"step": self.step_ms.to_dict()}, **onward.held()))
+
+    def close(self) -> None:
+        self.failures.close()
+        self.in_hand.close()
+        self.returns.close()
+        self.frames_in.close()
+        self.onward.close()
+
+
+def run_relay(args: StageArgs, on_result: Callable[[dict], dict], use_torch: bool = False) -> None:
+    process = StageProcess(args, use_torch=use_torch)
+    run_loop(process, Relay(process, on_result))
