@@ -52,15 +52,13 @@ def test_every_setting_has_a_flag_with_help():
 
 @pytest.mark.parametrize("flags, key, value", [
     (["--img-size", "256"], "imgsz", 256), (["--conf", "0.5"], "conf_thres", 0.5), (["--iou=0.6"], "iou_thres", 0.6),
-    (["--project", "runs"], "results", "runs"), (["--rect"], "rect", True), (["--square"], "rect", False),
-    (["--no-fuse"], "fuse", False), (["--out-of-place"], "inplace", False), (["--no-channels-last"], "channels_last",
-                                                                            False),
-    (["--no-progress"], "progress", False), (["--nosave"], "save_images", "none"), (["--save-images", "3"],
-                                                                                  "save_images", "3"),
+    (["--project", "runs"], "results", "runs"), (["--weights", "w.pt"], "weights", "w.pt"),
+    (["--rect"], "rect", True), (["--square"], "rect", False), (["--square", "--rect"], "rect", True),
+    (["--no-fuse"], "fuse", False), (["--out-of-place"], "inplace", False),
+    (["--no-channels-last"], "channels_last", False), (["--no-progress"], "progress", False),
+    (["--nosave"], "save_images", "none"), (["--save-images", "3"], "save_images", "3"),
     (["--classes", "0", "2"], "classes", [0, 2]), (["--max-wait-ms", "2.5"], "max_wait_ms", 2.5),
     (["--half"], "half", True), (["--json"], "json", True), (["--backend", "openvino"], "backend", "openvino"),
-    (["--name", "exp"], "name", "exp"), (["--weights", "w.pt"], "weights", "w.pt"),
-    (["--square", "--rect"], "rect", True),  # the last one given wins
 ])
 def test_flags_set_their_setting(flags, key, value):
     _, given = runner.parse_args(flags)
