@@ -37,21 +37,6 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confi
 log = logging.getLogger("runner")
 
 
-class ConfigDefault:
-    """A flag's value when the user did not give it: config.toml's, shown by ``--help``, never
-    an override (``--config FILE`` may set it otherwise)."""
-
-    def __init__(self, value, shown: str | None = None):
-        self.value, self.shown = value, shown
-
-    def __str__(self) -> str:
-        if self.shown is not None:
-            return self.shown
-        if isinstance(self.value, (list, tuple)):
-            return " ".join(map(str, self.value)) or "all"
-        return str(self.value)
-
-
 class Parser(argparse.ArgumentParser):
     """argparse, except that a usage error under ``--json`` is also one JSON object on stdout."""
 
@@ -70,6 +55,7 @@ def usage_error(message: str) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> tuple[str, dict]:
+    from settings.flags import ConfigDefault
     argv = sys.argv[1:] if argv is None else argv
     ns = vars(build_parser(json_errors="--json" in argv).parse_args(argv))
     given = {k: None if isinstance(v, ConfigDefault) else v for k, v in ns.items()}
@@ -77,7 +63,11 @@ def parse_args(argv: list[str] | None) -> tuple[str, dict]:
 
 
 def build_parser(json_errors: bool = False) -> Parser:
-    from settings.config import read_toml
+    """The run settings' flags come from their declarations on RunConfig (settings/config.py),
+    with config.toml's values as defaults; the runner's own flags (--config, --sweep*, --ray*)
+    are added here. Plugins are loaded first (main), so --backend offers their backends."""
+    from settings.config import RunConfig, read_toml
+    from settings.flags import add_setting_flags
     from yolo.helpformat import DefaultsHelpFormatter
     try:
         defaults = read_toml(DEFAULT_CONFIG)
@@ -86,81 +76,11 @@ def build_parser(json_errors: bool = False) -> Parser:
     p = Parser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.json_errors = json_errors
     p.add_argument("--config", default=DEFAULT_CONFIG, help="TOML file with the defaults (default: config.toml)")
-
-    def add(*flags, shown=None, **kw):
-        dest = kw.get("dest") or flags[0].lstrip("-").replace("-", "_")
-        if dest in defaults:
-            kw["default"] = ConfigDefault(defaults[dest], shown)
-        p.add_argument(*flags, **kw)
-
-    add("--weights", shown="none: a random-weight --preset", help="YOLOv5 checkpoint .pt (without it detections "
-        "are meaningless; timings are valid)")
-    add("--preset", help="yolov5n/s/m/l/x built with random weights when --weights is empty, or 'none' (no model)")
-    add("--source", help="image, folder (recursive), glob, video, .txt list, URL, camera index, or 'synthetic'")
-    add("--imgsz", "--img", "--img-size", dest="imgsz", type=int, help="letterbox size (pixels, a multiple of 32)")
-    add("--rect", dest="rect", action="store_const", const=True, help="long side to imgsz, short side to a multiple "
-        "of 32")
-    add("--square", dest="rect", action="store_const", const=False, help="fixed imgsz x imgsz letterbox")
-    add("--conf-thres", "--conf", dest="conf_thres", type=float, help="confidence threshold")
-    add("--iou-thres", "--iou", dest="iou_thres", type=float, help="NMS IoU threshold")
-    add("--max-det", type=int, help="maximum detections per image")
-    add("--classes", type=int, nargs="+", help="keep only these class ids")
-    add("--agnostic-nms", action="store_const", const=True, help="NMS across classes")
-    add("--device", help="cpu, cuda, cuda:N, N, or a list such as cuda:0,cuda:1 or 0,1 (a bare N is cuda:N)")
-    add("--backend", choices=("torch", "openvino"),
-        help="what runs the forward: torch, or OpenVINO on the CPU (the model converted once, cached on disk)")
-    add("--half", action="store_const", const=True, help="fp16 on CUDA, bfloat16 on a CPU that has it")
-    add("--no-fuse", dest="fuse", action="store_const", const=False, help="keep BatchNorm separate (default: "
-        "folded into the convs)")
-    add("--no-channels-last", dest="channels_last", action="store_const", const=False,
-        help="keep NCHW weights (default: NHWC, faster on CPU)")
-    add("--out-of-place", dest="inplace", action="store_const", const=False, help="decode boxes in Detect without "
-        "in-place tensor writes, as an ONNX export needs; same boxes, a little slower (default: in place)")
-    add("--workers", type=int, help="default for --pre-workers and --post-workers (0: one per core)")
-    add("--pre-workers", type=int, help="source + preprocess processes (0: --workers)")
-    add("--infer-workers", type=int, help="inference processes (0: one per GPU, one per core on CPU)")
-    add("--post-workers", type=int, help="NMS + drawing processes (0: --workers)")
-    add("--infer-threads", type=int, help="torch threads per inference process (0: 1)")
-    add("--batch-size", type=int, help="frames per inference batch (same letterboxed shape)")
-    add("--max-wait-ms", type=float, help="longest wait for a full batch")
-    add("--prefetch", type=int, help="how many batches each worker may have waiting for it from each worker "
-        "upstream: more rides over short stalls, costs memory and latency")
-    add("--frames", type=int, help="stop after N frames, looping the source if needed (0: one pass)")
-    add("--duration", type=float, help="run for S seconds from the first frame, then finish (0: off)")
-    add("--vid-stride", type=int, help="read every N-th frame of videos and streams")
-    add("--decode", help="full, or reduced (JPEG decoded at 1/2, 1/4, 1/8 when that much larger)")
-    add("--max-pixels", type=int, help="images with more pixels are failed frames, refused before decoding")
-    add("--warmup", type=int, help="first N frames excluded from statistics")
-    add("--synthetic-count", type=int, help="frames in one pass of the synthetic source")
-    add("--results", "--project", dest="results", help="folder of run folders")
-    add("--name", shown="a timestamp", help="run folder name; if it exists, name2, name3, ... as detect.py does")
-    add("--exist-ok", action="store_const", const=True, help="reuse the run folder of that name; what a run "
-        "writes there (images, labels, crops, reports) is removed first")
-    add("--save-images", help="all, none, or N (every N-th frame)")
-    add("--nosave", dest="save_images", action="store_const", const="none", help="--save-images none")
-    add("--save-txt", action="store_const", const=True, help="YOLO label files in labels/")
-    add("--save-conf", action="store_const", const=True, help="the score in each label line")
-    add("--save-crop", action="store_const", const=True, help="each detection's box cut out of the frame, in "
-        "crops/<class>/, for the frames whose images are saved")
-    add("--line-thickness", type=int, help="box line width in pixels (0: scaled with the image)")
-    add("--hide-labels", action="store_const", const=True, help="boxes without class name and score")
-    add("--hide-conf", action="store_const", const=True, help="labels without the score")
-    add("--module-timing", help="time the model per part: none; layers (each of model.0 ... model.24); blocks "
-        "(Conv, C3, SPPF, Detect, nested); leaves (every innermost layer: each Conv2d, BatchNorm, SiLU)")
-    add("--timing-mode", help="auto, cpu, cuda-sync or cuda-events")
-    add("--transport", help="ipc or tcp")
-    add("--tcp-host", help="tcp: the host every socket binds and connects on")
-    add("--tcp-base-port", type=int, help="tcp: consecutive ports from here, one per bound socket")
-    add("--max-restarts", type=int, help="restarts per stage of workers that die or hang")
-    add("--heartbeat-timeout-s", type=float, help="a process silent this long is handled as dead")
-    add("--allow-failures", action="store_const", const=True, help="exit 0, not 3, when some frames failed")
-    add("--json", action="store_const", const=True, help="print one JSON summary on stdout, logs on stderr")
-    add("--log-level", help="debug, info, warning or error")
-    add("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
-    add("--sweep", action="store_const", const=True,
-        help="tune worker counts, inference threads and batch size in short trials, then print the best")
-    add("--sweep-budget-s", type=float, help="wall-clock budget of --sweep in seconds (default 300)")
-    add("--save-config", help="with --sweep: write the best settings to this file, for --config")
+    add_setting_flags(p, RunConfig, defaults)
+    p.add_argument("--sweep", action="store_const", const=True,
+                   help="tune worker counts, inference threads and batch size in short trials, then print the best")
+    p.add_argument("--sweep-budget-s", type=float, help="wall-clock budget of --sweep in seconds (default 300)")
+    p.add_argument("--save-config", help="with --sweep: write the best settings to this file, for --config")
     p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: one pipeline per node, work balanced by "
                    "speed, one merged run folder; ADDRESS is host:port or 'auto' (see docs/cluster.md)")
     p.add_argument("--ray-lead-s", type=float, help="with --ray: seconds of a node's work its feed holds beyond "
@@ -213,14 +133,20 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
     from supervisor.run import UsageError, run_pipeline
     from sweep.trials import run_sweep, sweep_request
     from settings.config import ConfigError, build_config, read_toml
+    from topology.plugins import PluginError, load_plugins
     started_s = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in argv
+    if as_json:
+        logging.getLogger().handlers[0].setStream(sys.stderr)  # stdout holds only the JSON summary
+    try:
+        load_plugins()  # before the flags are built: a plugin's backend is a --backend choice
+    except PluginError as exc:
+        return usage_failed(str(exc), as_json)
     config_path, overrides = parse_args(argv)
     sweep_flags = {key: overrides.pop(key) for key in SWEEP_FLAGS}
     ray_flags = {key: overrides.pop(key) for key in RAY_FLAGS}
-    as_json = "--json" in (argv if argv is not None else sys.argv[1:])
-    if as_json:
-        logging.getLogger().handlers[0].setStream(sys.stderr)  # stdout holds only the JSON summary
     try:
         given = cfg = build_config(read_toml(config_path), overrides)
         logging.getLogger().setLevel(cfg.log_level.upper())

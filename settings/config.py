@@ -11,20 +11,9 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.registry import NAMES as BACKEND_NAMES
+from backends import registry
+from settings.declare import Switch, own_flag, sections, setting, switches_off
 
-# TOML section -> the RunConfig fields it may hold.
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "model": ("weights", "preset", "backend", "fuse", "inplace", "half", "channels_last"),
-    "detect": ("imgsz", "rect", "conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms"),
-    "source": ("source", "frames", "duration", "warmup", "synthetic_count", "vid_stride", "decode", "max_pixels"),
-    "pipeline": ("device", "workers", "pre_workers", "infer_workers", "post_workers", "infer_threads",
-                 "batch_size", "max_wait_ms", "prefetch", "module_timing", "timing_mode",
-                 "trace_module_forwards", "trace_max_frames", "max_restarts", "heartbeat_timeout_s"),
-    "output": ("results", "name", "exist_ok", "save_images", "save_txt", "save_conf", "save_crop", "line_thickness",
-               "hide_labels", "hide_conf", "log_level", "progress", "allow_failures", "json"),
-    "transport": ("transport", "tcp_host", "tcp_base_port"),
-}
 MODULE_TIMING = ("none", "layers", "blocks", "leaves")
 TIMING_MODES = ("auto", "cpu", "cuda-sync", "cuda-events")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -34,16 +23,9 @@ MAX_LINE_THICKNESS = 100
 MAX_FRAMES = 100_000_000  # the collector keeps a byte per frame id; use --duration for longer runs
 
 
-# The runner's flag for a setting is ``--`` and its name with dashes; these switches turn one off.
-SWITCHES_OFF = {"rect": "--square", "fuse": "--no-fuse", "channels_last": "--no-channels-last",
-                "inplace": "--out-of-place", "progress": "--no-progress"}
-
-
-def flag_of(field_name: str, value: Any = True) -> str:
-    """The runner's flag that sets ``field_name`` to ``value``: ``--batch-size``, ``--square`` (rect off)."""
-    if value is False and field_name in SWITCHES_OFF:
-        return SWITCHES_OFF[field_name]
-    return "--" + field_name.replace("_", "-")
+def backend_names() -> tuple[str, ...]:
+    """The backends registered now: a plugin may have added one since this module was imported."""
+    return tuple(registry.NAMES)
 
 
 class ConfigError(ValueError):
@@ -52,61 +34,83 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RunConfig:
-    weights: str = ""
-    preset: str = "yolov5n"
-    backend: str = "torch"
-    fuse: bool = True
-    inplace: bool = True
-    half: bool = False
-    channels_last: bool = True
-    imgsz: int = 640
-    rect: bool = True
-    conf_thres: float = 0.25
-    iou_thres: float = 0.45
-    max_det: int = 1000
-    classes: tuple[int, ...] = ()
-    agnostic_nms: bool = False
-    source: str = "synthetic"
-    frames: int = 0  # 0: one pass over the source
-    duration: float = 0.0  # seconds from the first frame, then drain; 0: off
-    warmup: int = 0
-    synthetic_count: int = 64
-    vid_stride: int = 1  # read every N-th frame of videos and streams
-    decode: str = "full"  # full | reduced (JPEG at 1/2, 1/4, 1/8 when the source is that much larger)
-    max_pixels: int = 100_000_000  # an image over this is a failed frame, refused from its header
-    device: str = "cpu"  # cpu, cuda, cuda:N, or a comma-separated list of them
-    workers: int = 0  # 0: one per CPU core
-    pre_workers: int = 0  # 0: --workers
-    infer_workers: int = 0  # 0: one per GPU; on CPU one per core
-    post_workers: int = 0  # 0: --workers
-    infer_threads: int = 0  # 0: 1 on CPU (measured best here), 1 per process on CUDA
-    batch_size: int = 1
-    max_wait_ms: float = 5.0
-    prefetch: int = 2  # batches of credit each consumer grants upstream
-    module_timing: str = "layers"
-    timing_mode: str = "auto"
-    trace_module_forwards: int = 20
-    trace_max_frames: int = 5000  # frames whose spans go into trace.json; 0 = all
-    max_restarts: int = 3  # restarts per stage (pre, infer, post) of workers that die or hang
-    heartbeat_timeout_s: float = 5.0  # a process silent this long is handled as dead
-    results: str = "results"
-    name: str = ""  # run folder name; "" = a timestamp
-    exist_ok: bool = False  # reuse an existing run folder of that name
-    save_images: str = "all"  # all | none | N (every N-th frame)
-    save_txt: bool = False  # YOLO label files in labels/
-    save_conf: bool = False  # with the score in each label line
-    save_crop: bool = False  # each box cut out of the saved frames, in crops/<class>/
-    line_thickness: int = 0  # box line width in pixels; 0: scaled with the image
-    hide_labels: bool = False  # boxes without "name score"
-    hide_conf: bool = False  # labels without the score
-    log_level: str = "info"
-    progress: bool = True
-    allow_failures: bool = False  # exit 0, not 3, when some frames failed
-    json: bool = False  # print one JSON summary on stdout, logs on stderr
-    transport: str = "ipc"  # ipc | tcp
-    tcp_host: str = "127.0.0.1"
-    tcp_base_port: int = 5550
-    devices: tuple[str, ...] = field(default=(), compare=False)  # resolved from device
+    """Every setting of a run, each declared once (settings/declare.py): its default, which
+    config.toml must repeat, its section there, and its flags with their help."""
+
+    weights: str = setting("", "model", "YOLOv5 checkpoint .pt (without it detections are meaningless; timings are "
+                           "valid)", shown="none: a random-weight --preset")
+    preset: str = setting("yolov5n", "model", "yolov5n/s/m/l/x built with random weights when --weights is empty, "
+                          "or 'none' (no model)")
+    backend: str = setting("torch", "model", "what runs the forward: torch, or OpenVINO on the CPU (the model "
+                           "converted once, cached on disk)", choices=backend_names)
+    fuse: bool = setting(True, "model", flag=False, switches=(
+        Switch("--no-fuse", False, "keep BatchNorm separate (default: folded into the convs)"),))
+    inplace: bool = setting(True, "model", flag=False, switches=(
+        Switch("--out-of-place", False, "decode boxes in Detect without in-place tensor writes, as an ONNX export "
+               "needs; same boxes, a little slower (default: in place)"),))
+    half: bool = setting(False, "model", "fp16 on CUDA, bfloat16 on a CPU that has it")
+    channels_last: bool = setting(True, "model", flag=False, switches=(
+        Switch("--no-channels-last", False, "keep NCHW weights (default: NHWC, faster on CPU)"),))
+    imgsz: int = setting(640, "detect", "letterbox size (pixels, a multiple of 32)", aliases=("--img", "--img-size"))
+    rect: bool = setting(True, "detect", "long side to imgsz, short side to a multiple of 32",
+                         switches=(Switch("--square", False, "fixed imgsz x imgsz letterbox"),))
+    conf_thres: float = setting(0.25, "detect", "confidence threshold", aliases=("--conf",))
+    iou_thres: float = setting(0.45, "detect", "NMS IoU threshold", aliases=("--iou",))
+    max_det: int = setting(1000, "detect", "maximum detections per image")
+    classes: tuple[int, ...] = setting((), "detect", "keep only these class ids")
+    agnostic_nms: bool = setting(False, "detect", "NMS across classes")
+    source: str = setting("synthetic", "source", "image, folder (recursive), glob, video, .txt list, URL, camera "
+                          "index, or 'synthetic'")
+    frames: int = setting(0, "source", "stop after N frames, looping the source if needed (0: one pass)")
+    duration: float = setting(0.0, "source", "run for S seconds from the first frame, then finish (0: off)")
+    warmup: int = setting(0, "source", "first N frames excluded from statistics")
+    synthetic_count: int = setting(64, "source", "frames in one pass of the synthetic source")
+    vid_stride: int = setting(1, "source", "read every N-th frame of videos and streams")
+    decode: str = setting("full", "source", "full, or reduced (JPEG decoded at 1/2, 1/4, 1/8 when that much larger)")
+    max_pixels: int = setting(100_000_000, "source", "images with more pixels are failed frames, refused before "
+                              "decoding")
+    device: str = setting("cpu", "pipeline", "cpu, cuda, cuda:N, N, or a list such as cuda:0,cuda:1 or 0,1 (a bare N "
+                          "is cuda:N)")
+    workers: int = setting(0, "pipeline", "default for --pre-workers and --post-workers (0: one per core)")
+    pre_workers: int = setting(0, "pipeline", "source + preprocess processes (0: --workers)")
+    infer_workers: int = setting(0, "pipeline", "inference processes (0: one per GPU, one per core on CPU)")
+    post_workers: int = setting(0, "pipeline", "NMS + drawing processes (0: --workers)")
+    infer_threads: int = setting(0, "pipeline", "torch threads per inference process (0: 1)")
+    batch_size: int = setting(1, "pipeline", "frames per inference batch (same letterboxed shape)")
+    max_wait_ms: float = setting(5.0, "pipeline", "longest wait for a full batch")
+    prefetch: int = setting(2, "pipeline", "how many batches each worker may have waiting for it from each worker "
+                            "upstream: more rides over short stalls, costs memory and latency")
+    module_timing: str = setting("layers", "pipeline", "time the model per part: none; layers (each of model.0 ... "
+                                 "model.24); blocks (Conv, C3, SPPF, Detect, nested); leaves (every innermost layer: "
+                                 "each Conv2d, BatchNorm, SiLU)")
+    timing_mode: str = setting("auto", "pipeline", "auto, cpu, cuda-sync or cuda-events")
+    # Set in a config file only: forwards and frames whose spans go into trace.json (0 frames: all).
+    trace_module_forwards: int = setting(20, "pipeline", flag=False)
+    trace_max_frames: int = setting(5000, "pipeline", flag=False)
+    max_restarts: int = setting(3, "pipeline", "restarts per stage of workers that die or hang")
+    heartbeat_timeout_s: float = setting(5.0, "pipeline", "a process silent this long is handled as dead")
+    results: str = setting("results", "output", "folder of run folders", aliases=("--project",))
+    name: str = setting("", "output", "run folder name; if it exists, name2, name3, ... as detect.py does",
+                        shown="a timestamp")
+    exist_ok: bool = setting(False, "output", "reuse the run folder of that name; what a run writes there (images, "
+                             "labels, crops, reports) is removed first")
+    save_images: str = setting("all", "output", "all, none, or N (every N-th frame)",
+                               switches=(Switch("--nosave", "none", "--save-images none"),))
+    save_txt: bool = setting(False, "output", "YOLO label files in labels/")
+    save_conf: bool = setting(False, "output", "the score in each label line")
+    save_crop: bool = setting(False, "output", "each detection's box cut out of the frame, in crops/<class>/, for "
+                              "the frames whose images are saved")
+    line_thickness: int = setting(0, "output", "box line width in pixels (0: scaled with the image)")
+    hide_labels: bool = setting(False, "output", "boxes without class name and score")
+    hide_conf: bool = setting(False, "output", "labels without the score")
+    log_level: str = setting("info", "output", "debug, info, warning or error")
+    progress: bool = setting(True, "output", flag=False, switches=(Switch("--no-progress", False, "no progress bar"),))
+    allow_failures: bool = setting(False, "output", "exit 0, not 3, when some frames failed")
+    json: bool = setting(False, "output", "print one JSON summary on stdout, logs on stderr")
+    transport: str = setting("ipc", "transport", "ipc or tcp")
+    tcp_host: str = setting("127.0.0.1", "transport", "tcp: the host every socket binds and connects on")
+    tcp_base_port: int = setting(5550, "transport", "tcp: consecutive ports from here, one per bound socket")
+    devices: tuple[str, ...] = field(default=(), compare=False)  # resolved from device; not a setting
 
     def __post_init__(self) -> None:
         _check(self.imgsz > 0 and self.imgsz % 32 == 0, "imgsz", "a positive multiple of 32", self.imgsz)
@@ -121,7 +125,8 @@ class RunConfig:
         _check(self.duration >= 0, "duration", ">= 0 seconds (0 = off)", self.duration)
         _check(self.vid_stride >= 1, "vid_stride", ">= 1", self.vid_stride)
         _check(self.decode in ("full", "reduced"), "decode", "'full' or 'reduced'", self.decode)
-        _check(self.backend in BACKEND_NAMES, "backend", f"one of {BACKEND_NAMES}", self.backend)
+        backends = backend_names()
+        _check(self.backend in backends, "backend", f"one of {backends}", self.backend)
         _check(self.max_pixels > 0, "max_pixels", "> 0", self.max_pixels)
         _check(self.name == "" or (self.name not in (".", "..", "latest") and "/" not in self.name
                                    and "\\" not in self.name), "name", "a folder name without '/' (not 'latest')",
@@ -189,6 +194,18 @@ class RunConfig:
         d["classes"] = list(self.classes)
         d["devices"] = list(self.devices)
         return d
+
+
+# TOML section -> the RunConfig fields it may hold; the switches that turn a setting off.
+SECTIONS: dict[str, tuple[str, ...]] = sections(RunConfig)
+SWITCHES_OFF: dict[str, str] = switches_off(RunConfig)
+
+
+def flag_of(field_name: str, value: Any = True) -> str:
+    """The runner's flag that sets ``field_name`` to ``value``: ``--batch-size``, ``--square`` (rect off)."""
+    if value is False and field_name in SWITCHES_OFF:
+        return SWITCHES_OFF[field_name]
+    return own_flag(field_name)
 
 
 def _check(ok: bool, name: str, expected: str, got: Any) -> None:

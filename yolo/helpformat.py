@@ -10,7 +10,7 @@ class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.Argum
     """Every option's help ends with its default; a switch (``--rect``, ``--exist-ok``) says
     "(default)" when it is the default and nothing when it is not; a value whose default is
     "not set" (None, False) or spelled out in the help already shows nothing more. A default
-    object with a ``shown`` attribute (runner.py's config defaults) is shown as that text."""
+    object with a ``shown`` attribute (settings/flags.py's config.toml defaults) is shown as that text."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
