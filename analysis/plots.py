@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 PLOT_DPI = 80
 TIMELINE_MAX_FRAMES = 60  # frames drawn in timeline.png, from the start of the measured window
 TOP_PLOTTED_MODULES = 20
-STAGE_COLOURS = {"pre": "tab:blue", "infer": "tab:orange", "post": "tab:green"}
+STAGE_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
 MIB = 1 << 20
 
 
@@ -133,6 +133,11 @@ def latency_figure(plt, run: RunData, report: dict):
     return fig
 
 
+def stage_colour(role: str) -> str:
+    """A frame stage's colour, by its place in the flow (pre blue, infer orange, post green, ...)."""
+    return STAGE_COLOURS[frame_roles().index(role) % len(STAGE_COLOURS)]
+
+
 def timeline_figure(plt, run: RunData, report: dict):
     """A row per process, a bar per frame per stage, over the first TIMELINE_MAX_FRAMES frames
     read from the start of the measured window (all frames in a shorter run)."""
@@ -153,7 +158,8 @@ def timeline_figure(plt, run: RunData, report: dict):
                 bars.setdefault(rows[name], []).append((f["t"][t0] - run.started_s, f["t"][t1] - f["t"][t0]))
         for row, spans in bars.items():
             # edges in the stage's colour: black ones made a short span a grey tick the legend did not name
-            axes.broken_barh(spans, (row - 0.4, 0.8), facecolors=STAGE_COLOURS[role], edgecolors=STAGE_COLOURS[role],
+            colour = stage_colour(role)
+            axes.broken_barh(spans, (row - 0.4, 0.8), facecolors=colour, edgecolors=colour,
                              linewidth=0.4, label=label if row == min(bars) else None)
     axes.set_yticks(list(rows.values()), list(rows))
     axes.invert_yaxis()
