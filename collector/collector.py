@@ -16,7 +16,7 @@ from analysis.machine import usable_cores
 from collector.ledger import Expected, Ledger, account_missing
 from process.stage_loop import Stage, StageProcess, run_loop
 from wire.links import SlotReturns
-from wire.messages import FAILED, FINISHED, PROGRESS, RESULT, STATS, validate
+from wire.messages import FAILED, RESULT, STATS, Finished, Progress, validate
 from process.resources import ResourceSampler
 from sharedmem.slots import SlotError, SlotViews
 from wire.transport import REPORT_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
@@ -204,9 +204,8 @@ class Collector(Stage):
                              self.sampler, args.machine, videos)
         summary, written, write_error = _write_run_folder(args.run_dir, run_data, *collected.finish_outputs())
         log.info("run folder written in %.2f s", time.perf_counter() - finished_s)
-        send_message(self.progress_out, {"type": FINISHED, "summary": summary, "written": written,
-                                         "write_error": write_error,
-                                         "missing_workers": collected.expected.waiting_for()}, token=args.wire.token)
+        finished = Finished(summary, written, write_error, missing_workers=collected.expected.waiting_for())
+        send_message(self.progress_out, finished.to_message(), token=args.wire.token)
 
     def close(self) -> None:
         self.collected.close()
@@ -240,8 +239,8 @@ def _drain_results(results_in, collected: Collected, args: StageArgs, drops: Dro
 
 
 def _send_progress(progress_out, ledger: Ledger, args: StageArgs) -> None:
-    send_message(progress_out, {"type": PROGRESS, "processed": len(ledger.processed), "failed": len(ledger.failed),
-                                "total": ledger.plan.total}, token=args.wire.token)
+    progress = Progress(len(ledger.processed), len(ledger.failed), ledger.plan.total)
+    send_message(progress_out, progress.to_message(), token=args.wire.token)
 
 
 def _sources(workers: list[dict], videos: list[dict]) -> dict:

@@ -14,6 +14,7 @@ import psutil
 import zmq
 
 from analysis.samples import Samples
+from wire.messages import Stats
 from wire.transport import DropCounter
 from wire.wiring import StageArgs
 
@@ -70,13 +71,14 @@ def poll(poller: zmq.Poller, timeout_ms: float, clock: Clock, blocked_on_output:
 
 def worker_stats(args: StageArgs, role: str, threads: dict, clock: Clock, frames: int, drops: DropCounter,
                  **extra) -> dict:
-    return {"type": "stats", "name": args.name, "role": role, "incarnation": args.incarnation, "pid": os.getpid(),
-            "device": args.device, "threads": threads, "frames": frames, "busy_s": clock.busy_s,
-            "busy_cpu_s": clock.busy_cpu_s, "wait_in_s": clock.wait_in_s, "blocked_out_s": clock.blocked_out_s,
-            "wall_s": clock.wall_s(), "frame_ms": clock.frame_ms.to_dict(),
-            "frame_cpu_ms": clock.frame_cpu_ms.to_dict(), "cpu_s": time.process_time() - clock.started_cpu_s,
-            "dropped_messages": dict(drops.counts), "substages_ms": {}, "torch_loaded": "torch" in sys.modules,
-            "exit_usage": own_usage(), **extra}
+    substages = extra.pop("substages_ms", {})
+    return Stats(name=args.name, role=role, incarnation=args.incarnation, pid=os.getpid(), frames=frames,
+                 wall_s=clock.wall_s(), busy_s=clock.busy_s, busy_cpu_s=clock.busy_cpu_s,
+                 cpu_s=time.process_time() - clock.started_cpu_s, wait_in_s=clock.wait_in_s,
+                 blocked_out_s=clock.blocked_out_s, frame_ms=clock.frame_ms.to_dict(),
+                 frame_cpu_ms=clock.frame_cpu_ms.to_dict(), substages_ms=substages, exit_usage=own_usage(),
+                 extra={"device": args.device, "threads": threads, "dropped_messages": dict(drops.counts),
+                        "torch_loaded": "torch" in sys.modules, **extra}).to_message()
 
 
 def own_usage() -> dict:

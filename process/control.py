@@ -12,7 +12,7 @@ import zmq
 from topology.stages import role_of
 from sharedmem.in_hand import poison_named
 from process.lifecycle import ReceivedSignals
-from wire.messages import DRAIN, HEARTBEAT, PEER_GONE, STOP, validate
+from wire.messages import DRAIN, PEER_GONE, STOP, Beat, validate
 from wire.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
 from wire.wiring import StageArgs
 
@@ -113,9 +113,8 @@ class Heartbeat:
         socket.connect(args.endpoints["health"])
         try:
             while True:
-                beat = {"type": HEARTBEAT, "name": args.name, "incarnation": args.incarnation, "pid": os.getpid(),
-                        "loop_age_s": time.perf_counter() - self.last_tick, "position": self.position,
-                        "signal": self._signals.first()}
+                beat = Beat(args.name, args.incarnation, os.getpid(), time.perf_counter() - self.last_tick,
+                            self.position, self._signals.first()).to_message()
                 try:
                     send_message(socket, beat, token=args.wire.token, flags=zmq.NOBLOCK)
                 except zmq.Again:  # the runner is not reading (it may be gone): beats are not queued

@@ -39,7 +39,7 @@ from wire.ipc_dirs import make_ipc_dir, remove_stale_ipc_dirs
 from topology.stages import endpoint_names, sink_role, stage_counts, worker_names
 from process.lifecycle import LOG_FORMAT
 from wire.wiring import Endpoints, StageArgs, Wire, make_endpoints
-from wire.messages import FINISHED, HEARTBEAT, PROGRESS, STOP, validate
+from wire.messages import FINISHED, HEARTBEAT, PROGRESS, Stop, validate
 from sharedmem.slots import remove_segments, remove_stale_segments
 from wire.transport import REPORT_LIMITS, TOKEN_BYTES, CurveKeys, DropCounter, ProtocolError, make_socket, recv_message, send_message
 
@@ -138,7 +138,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
                 for name in list(launcher.processes):
                     launcher.kill(name)
             else:
-                _send_quietly(sockets[0] if sockets else None, {"type": STOP, "reason": "run over"}, token)
+                _send_quietly(sockets[0] if sockets else None, Stop("run over").to_message(), token)
             killed = launcher.stop_all()
             if killed:
                 log.warning("killed %s: they did not exit in time", ", ".join(killed))

@@ -19,7 +19,7 @@ from supervisor.signals import Interrupts
 from collector.journal import Resume
 from settings.config import RunConfig
 from sharedmem.in_hand import read_held
-from wire.messages import DRAIN, PEER_GONE, STOP
+from wire.messages import Drain, PeerGone, Stop
 from wire.transport import DropCounter, send_message
 
 log = logging.getLogger("runner")
@@ -76,9 +76,10 @@ class Watch:
     def repeat_notice(self) -> None:
         now = self.clock.now()
         if self.phase in ("draining", "stopping") and now - self.last_notice_s > NOTICE_RESEND_S:
-            notice = {"type": DRAIN, "reason": self.reason, "cancel": not self.duration_ended} \
-                if self.phase == "draining" else {"type": STOP, "reason": self.reason}
-            self.broadcast({**notice, "signal": self.interrupts.first()})
+            signal_name = self.interrupts.first()
+            notice = Drain(self.reason, cancel=not self.duration_ended, signal=signal_name) \
+                if self.phase == "draining" else Stop(self.reason, signal=signal_name)
+            self.broadcast(notice.to_message())
             self.last_notice_s = now
 
     # -- deaths, hangs, signals ----------------------------------------------------------------------
@@ -128,8 +129,8 @@ class Watch:
                   **extra) -> None:
         """The peer-gone notice to every process (its senders send again what it held), kept for
         a collector started later; and the line of the runner's restart log."""
-        notice = {"type": PEER_GONE, "name": name, "incarnation": self.launcher.incarnation(name), "final": final,
-                  "reason": reason, "signal": signal_name, "exit_code": code, "t_s": time.perf_counter(), **extra}
+        notice = PeerGone(name, self.launcher.incarnation(name), final, reason, signal=signal_name, exit_code=code,
+                          t_s=time.perf_counter(), **extra).to_message()
         self.broadcast(notice)
         self.gone_notices.append(notice)
         self.restart_log.append({"name": name, "incarnation": notice["incarnation"], "reason": reason,

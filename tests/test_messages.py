@@ -69,3 +69,30 @@ def test_a_frame_header_survives_its_message_form_and_says_its_letterbox_and_fai
 def test_every_schema_type_name_is_known():
     known = {"int", "float", "str", "bool", "list", "dict"}
     assert all(spec.lstrip("?") in known for fields in SCHEMAS.values() for spec in fields.values())
+
+
+def test_each_message_kind_is_one_dataclass_whose_fields_are_its_schema():
+    """A message written by its dataclass passes the check its receiver makes, and reads back
+    equal; its optional fields are those typed ``X | None`` and go unsent when None."""
+    from wire.messages import MESSAGES, Ack, Failed, Stats, schema_of
+
+    assert set(SCHEMAS) == {kind.TYPE for kind in MESSAGES}
+    for kind in MESSAGES:
+        assert SCHEMAS[kind.TYPE] == schema_of(kind)
+    ack = Ack([4, 5], 2, "pre-0.0")
+    assert ack.to_message() == {"type": ACK, "ids": [4, 5], "n": 2, "to": "pre-0.0"}  # release None: not sent
+    assert Ack.from_message(validate(ack.to_message(), {ACK})) == ack
+    failed = Failed(7, "a.jpg", "post", "post-1", "boom", cycle=0, video={"item": 1, "index": 2})
+    assert Failed.from_message(validate(failed.to_message(), {FAILED})) == failed
+    stats = Stats("pre-0", "pre", 0, 10, 3, 1.0, 0.5, 0.4, 0.6, 0.2, 0.1, {}, {}, {}, extra={"position": 3})
+    sent = validate(stats.to_message(), {STATS})
+    assert sent["position"] == 3 and "extra" not in sent  # the stage's own fields go beside the common ones
+    with pytest.raises(ProtocolError, match="'n' of a 'ack' message to be int"):
+        Ack.from_message({**ack.to_message(), "n": "2"})
+
+
+def test_the_frame_header_schemas_are_its_fields():
+    from wire.frame_header import PRE_FRAME
+    names = [f for f in FrameHeader.__dataclass_fields__]
+    assert list(INFER_FRAME) == names and set(names) - set(PRE_FRAME) == {"infer", "batch", "cold"}
+    assert PRE_FRAME["video"] == "?dict" and PRE_FRAME["pad"] == "list"

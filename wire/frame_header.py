@@ -8,15 +8,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from wire.messages import BOOL, DICT, FAILED, FLOAT, INT, LIST, STR, check_fields
+from wire.messages import Failed, check_fields, schema_of
 from yolo.letterbox import LetterboxInfo
 
-# The fields a stage relies on in a frame from preprocess, and from inference.
-PRE_FRAME = {"id": INT, "name": STR, "cycle": INT, "ratio": FLOAT, "pad": LIST, "orig_shape": LIST,
-             "lb_shape": LIST, "full_shape": LIST, "reduction": INT, "keep_image": BOOL, "pre": STR, "t": DICT,
-             "px": DICT, "release_by": STR, "video": "?dict"}
-INFER_FRAME = {**PRE_FRAME, "infer": STR, "batch": INT, "cold": BOOL}
-_SCHEMAS = {"pre": PRE_FRAME, "infer": INFER_FRAME}
+SET_BY_INFERENCE = {"set_by": "infer"}  # a field a frame from preprocess does not have yet
 
 
 @dataclass(frozen=True)
@@ -54,9 +49,9 @@ class FrameHeader:
     t: dict[str, float] = field(default_factory=dict)  # stage timestamps (perf_counter seconds)
     px: dict = field(default_factory=dict)  # where each array is: {"lb": ..., "orig": ..., "cands": ...}
     video: VideoPlace | None = None
-    infer: str = ""  # set by inference
-    batch: int = 0
-    cold: bool = False  # its forward was the first of its input shape (set-up time, not steady state)
+    infer: str = field(default="", metadata=SET_BY_INFERENCE)
+    batch: int = field(default=0, metadata=SET_BY_INFERENCE)
+    cold: bool = field(default=False, metadata=SET_BY_INFERENCE)  # the first forward of its input shape (set-up time)
 
     @classmethod
     def from_message(cls, header: dict, sent_by: str) -> FrameHeader:
@@ -85,9 +80,13 @@ class FrameHeader:
 
     def failed(self, stage: str, worker: str, reason: str) -> dict:
         """The FAILED message for this frame."""
-        return {"type": FAILED, "id": self.id, "name": self.name, "stage": stage, "worker": worker, "reason": reason,
-                "cycle": self.cycle, "video": self.video_message()}
+        return Failed(self.id, self.name, stage, worker, reason, self.cycle, self.video_message()).to_message()
 
 
 _FIELD_ORDER = tuple(f.name for f in dataclasses.fields(FrameHeader))  # once, not per frame
 _FIELD_NAMES = frozenset(_FIELD_ORDER)
+# The fields a stage relies on in a frame from preprocess, and from inference.
+PRE_FRAME = schema_of(FrameHeader, leave_out=tuple(f.name for f in dataclasses.fields(FrameHeader)
+                                                   if f.metadata == SET_BY_INFERENCE))
+INFER_FRAME = schema_of(FrameHeader)
+_SCHEMAS = {"pre": PRE_FRAME, "infer": INFER_FRAME}

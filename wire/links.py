@@ -27,7 +27,7 @@ import zmq
 from topology.stages import process_names, source_role
 from wire.wiring import Wire
 from wire.loop_clock import LoopClock
-from wire.messages import ACK, CREDIT, END, FRAME, RELEASE, validate
+from wire.messages import ACK, CREDIT, END, FRAME, Ack, Credit, End, FrameOnLink, Release, validate
 from wire.transport import FRAME_LIMITS, DropCounter, Message, ProtocolError, make_socket, recv_message, send_message
 
 DRAIN_TIMEOUT_S = 30.0  # after end-of-stream: how long to wait without any ack before giving up
@@ -162,7 +162,7 @@ class Downstream:
         while self.has_credit():
             identity = max(self.peers, key=lambda k: self.peers[k].credit)
             try:
-                nbytes = send_message(self.socket, {**header, "type": FRAME, "src": self.identity}, arrays,
+                nbytes = send_message(self.socket, {**header, **FrameOnLink(header["id"], self.identity).to_message()}, arrays,
                                       token=self.token, envelope=[identity])
                 break
             except zmq.ZMQError as exc:
@@ -210,7 +210,7 @@ class Downstream:
         for identity, peer in self.peers.items():
             if not peer.ended:
                 try:
-                    send_message(self.socket, {"type": END}, token=self.token, envelope=[identity])
+                    send_message(self.socket, End().to_message(), token=self.token, envelope=[identity])
                     peer.ended = True
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EHOSTUNREACH:
@@ -269,7 +269,7 @@ class Upstream:
 
     def start(self) -> None:
         for socket in self.sockets:
-            send_message(socket, {"type": CREDIT, "n": self.credit_per_producer}, token=self.token)
+            send_message(socket, Credit(self.credit_per_producer).to_message(), token=self.token)
 
     def receive(self, socket: zmq.Socket) -> Message | None:
         """A frame from ``socket``'s producer; None for its end-of-stream or a bad message."""
@@ -295,7 +295,7 @@ class Upstream:
         if origin is None:
             return
         index, source = origin
-        header = {"type": ACK, "ids": [frame_id], "n": 1, "to": source, "release": [frame_id] if release else []}
+        header = Ack([frame_id], 1, source, [frame_id] if release else []).to_message()
         try:
             send_message(self.sockets[index], header, token=self.token, flags=zmq.NOBLOCK)
         except zmq.Again:  # that producer is gone and its queue is full: the ack has no reader
@@ -309,7 +309,7 @@ class Upstream:
         index = self.producers.index(name)
         self.ended[index] = final
         if not final:
-            send_message(self.sockets[index], {"type": CREDIT, "n": self.credit_per_producer}, token=self.token)
+            send_message(self.sockets[index], Credit(self.credit_per_producer).to_message(), token=self.token)
 
     def all_ended(self) -> bool:
         return all(self.ended)
@@ -342,7 +342,7 @@ class SlotReturns:
         if not isinstance(ref, dict) or not isinstance(ref.get("seg"), str) or "slot" not in ref or socket is None:
             return  # inline pixels, or nothing that names a slot: the owner checks what a release names
         try:
-            send_message(socket, {"type": RELEASE, "seg": ref["seg"], "items": [[ref["slot"], frame_id]]},
+            send_message(socket, Release(ref["seg"], [[ref["slot"], frame_id]]).to_message(),
                          token=self.token, flags=zmq.NOBLOCK)
         except zmq.Again:  # that worker is gone: its ring went with it
             pass

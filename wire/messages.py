@@ -9,56 +9,233 @@ may add timing or debug fields), and nested values a stage only passes on are ch
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from wire.transport import ProtocolError
 
-# Link protocol (credit-based ROUTER/DEALER, see wire/links.py).
-CREDIT = "credit"  # consumer -> producer: you may send me n more frames
-ACK = "ack"  # consumer -> producer: these frame ids are passed on (returns their credit)
-FRAME = "frame"  # producer -> consumer
-END = "end"  # producer -> consumer: no more frames from me
-RELEASE = "release"  # last reader -> owner of a shared-memory slot: the slot may be reused
-# Results and reports (PUSH -> the collector's PULL).
-RESULT = "result"
-FAILED = "failed"
-STATS = "stats"
-# Runner <-> processes.
-HEARTBEAT = "heartbeat"  # every process -> runner, from a thread, every HEARTBEAT_INTERVAL_S
-PROGRESS = "progress"  # collector -> runner
-FINISHED = "finished"  # collector -> runner: the run folder is written (or could not be)
-DRAIN = "drain"  # runner -> all: stop reading new frames, finish the ones in flight
-STOP = "stop"  # runner -> all: stop now, report what you hold
-PEER_GONE = "peer_gone"  # runner -> all: a process died or hung; resend what it held
-
 INT, FLOAT, STR, BOOL, LIST, DICT = "int", "float", "str", "bool", "list", "dict"
 OPTIONAL = "?"  # prefix: the field may be absent or None
+_WIRE_TYPES = {"int": INT, "float": FLOAT, "str": STR, "bool": BOOL, "list": LIST, "tuple": LIST, "dict": DICT}
 
-_TIMES = DICT  # {"read_start": float, ...}: checked by _check_times
-SCHEMAS: dict[str, dict[str, str]] = {
-    CREDIT: {"n": INT},
-    ACK: {"ids": LIST, "n": INT, "to": STR, "release": "?list"},
-    FRAME: {"id": INT, "src": STR},  # what the link needs; the receiving stage checks the rest (wire.frame_header)
-    END: {},
-    RELEASE: {"seg": STR, "items": LIST},
-    # The optional fields of results and failures are what the collector acts on (a video frame to
-    # write, a slot to give back): checked here too, so a malformed one is dropped, not a crash.
-    RESULT: {"id": INT, "name": STR, "t": _TIMES, "detections": LIST, "workers": DICT, "batch": INT,
-             "image_saved": BOOL, "cold": BOOL, "cycle": "?int", "video": "?dict", "px": "?dict", "pre": "?str",
-             "draw": "?list", "predictions": "?list", "image_error": "?str"},
-    FAILED: {"id": INT, "name": STR, "stage": STR, "worker": STR, "reason": STR, "cycle": "?int", "video": "?dict"},
-    STATS: {"name": STR, "role": STR, "incarnation": INT, "pid": INT, "frames": INT, "wall_s": FLOAT,
-            "busy_s": FLOAT, "busy_cpu_s": FLOAT, "cpu_s": FLOAT, "wait_in_s": FLOAT, "blocked_out_s": FLOAT,
-            "frame_ms": DICT, "frame_cpu_ms": DICT, "substages_ms": DICT, "exit_usage": "?dict"},
-    HEARTBEAT: {"name": STR, "incarnation": INT, "pid": INT, "loop_age_s": FLOAT, "position": INT,
-                "signal": "?str"},
-    PROGRESS: {"processed": INT, "failed": INT},
-    FINISHED: {"summary": DICT, "written": LIST, "write_error": "?str"},
-    DRAIN: {"reason": STR, "cancel": "?bool", "signal": "?str"},
-    STOP: {"reason": STR, "signal": "?str"},
-    PEER_GONE: {"name": STR, "incarnation": INT, "final": BOOL, "reason": STR, "poison": "?list"},
-}
 
+def schema_of(cls, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
+    """The wire schema of a message dataclass, from its fields' annotations: ``int`` -> "int",
+    ``tuple[int, int]`` -> "list" (msgpack has no tuples), a nested dataclass -> "dict" (it
+    travels as a map), ``X | None`` -> optional. The one place a message's fields are written
+    is its dataclass."""
+    schema = {}
+    for f in dataclasses.fields(cls):
+        if f.name in leave_out or f.metadata.get("wire") is False:
+            continue
+        annotation = str(f.type).replace(" ", "")
+        optional = annotation.endswith("|None")
+        base = annotation.removesuffix("|None").split("[")[0]
+        schema[f.name] = (OPTIONAL if optional else "") + _WIRE_TYPES.get(base, DICT)
+    return schema
+
+
+class Message:
+    """A message kind: a frozen dataclass with its ``TYPE``; ``to_message()`` is the msgpack map
+    sent, ``from_message()`` the checked dataclass of one received (ProtocolError otherwise)."""
+
+    TYPE: ClassVar[str]
+
+    def to_message(self) -> dict:
+        """The map sent: every field but an optional one that is None (absent reads the same)."""
+        message = {"type": self.TYPE}
+        message.update((name, value) for name in _field_names(type(self)) if (value := getattr(self, name)) is not None)
+        return message
+
+    @classmethod
+    def from_message(cls, header: dict):
+        check_fields(header, SCHEMAS[cls.TYPE], cls.TYPE)
+        return cls(**{name: header[name] for name in _field_names(cls) if name in header})
+
+
+@functools.cache
+def _field_names(cls) -> tuple[str, ...]:
+    """Once per class, not per message (dataclasses.fields costs microseconds, a frame sends several)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+# Link protocol (credit-based ROUTER/DEALER, see wire/links.py).
+@dataclass(frozen=True)
+class Credit(Message):
+    """consumer -> producer: you may send me n more frames."""
+    TYPE: ClassVar[str] = "credit"
+    n: int
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    """consumer -> producer incarnation ``to``: these frame ids are passed on (returns their
+    credit); those in ``release`` also give their shared-memory slot back."""
+    TYPE: ClassVar[str] = "ack"
+    ids: list
+    n: int
+    to: str
+    release: list | None = None
+
+
+@dataclass(frozen=True)
+class FrameOnLink(Message):
+    """producer -> consumer: one frame, its header's fields beside these (wire.frame_header)."""
+    TYPE: ClassVar[str] = "frame"
+    id: int
+    src: str  # the producer's identity, whom the ack goes to
+
+
+@dataclass(frozen=True)
+class End(Message):
+    """producer -> consumer: no more frames from me."""
+    TYPE: ClassVar[str] = "end"
+
+
+@dataclass(frozen=True)
+class Release(Message):
+    """last reader -> owner of a shared-memory slot: ``items`` ([slot, frame id] pairs) may be reused."""
+    TYPE: ClassVar[str] = "release"
+    seg: str
+    items: list
+
+
+# Results and reports (PUSH -> the collector's PULL). The optional fields of results and failures
+# are what the collector acts on (a video frame to write, a slot to give back): checked too, so a
+# malformed one is dropped, not a crash.
+@dataclass(frozen=True)
+class Result(Message):
+    """last frame stage -> collector: a frame done, its detections and timestamps."""
+    TYPE: ClassVar[str] = "result"
+    id: int
+    name: str
+    t: dict
+    detections: list
+    workers: dict
+    batch: int
+    image_saved: bool
+    cold: bool
+    cycle: int | None = None
+    video: dict | None = None
+    px: dict | None = None
+    pre: str | None = None
+    draw: list | None = None
+    predictions: list | None = None
+    image_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Failed(Message):
+    """any frame stage -> collector: a frame that failed there, and why."""
+    TYPE: ClassVar[str] = "failed"
+    id: int
+    name: str
+    stage: str
+    worker: str
+    reason: str
+    cycle: int | None = None
+    video: dict | None = None
+
+
+@dataclass(frozen=True)
+class Stats(Message):
+    """every process -> collector, as it ends: its clocks and counts (``extra``: the stage's own
+    fields, sent beside these)."""
+    TYPE: ClassVar[str] = "stats"
+    name: str
+    role: str
+    incarnation: int
+    pid: int
+    frames: int
+    wall_s: float
+    busy_s: float
+    busy_cpu_s: float
+    cpu_s: float
+    wait_in_s: float
+    blocked_out_s: float
+    frame_ms: dict
+    frame_cpu_ms: dict
+    substages_ms: dict
+    exit_usage: dict | None = None
+    extra: dict = field(default_factory=dict, metadata={"wire": False})
+
+    def to_message(self) -> dict:
+        message = super().to_message()
+        message.update(message.pop("extra"))
+        return message
+
+
+# Runner <-> processes.
+@dataclass(frozen=True)
+class Beat(Message):
+    """every process -> runner, from a thread, every HEARTBEAT_INTERVAL_S."""
+    TYPE: ClassVar[str] = "heartbeat"
+    name: str
+    incarnation: int
+    pid: int
+    loop_age_s: float
+    position: int
+    signal: str | None = None
+
+
+@dataclass(frozen=True)
+class Progress(Message):
+    """collector -> runner: frames done so far."""
+    TYPE: ClassVar[str] = "progress"
+    processed: int
+    failed: int
+    total: int | None = None
+
+
+@dataclass(frozen=True)
+class Finished(Message):
+    """collector -> runner: the run folder is written (or could not be)."""
+    TYPE: ClassVar[str] = "finished"
+    summary: dict
+    written: list
+    write_error: str | None = None
+    missing_workers: list | None = None
+
+
+@dataclass(frozen=True)
+class Drain(Message):
+    """runner -> all: stop reading new frames, finish the ones in flight."""
+    TYPE: ClassVar[str] = "drain"
+    reason: str
+    cancel: bool | None = None
+    signal: str | None = None
+
+
+@dataclass(frozen=True)
+class Stop(Message):
+    """runner -> all: stop now, report what you hold."""
+    TYPE: ClassVar[str] = "stop"
+    reason: str
+    signal: str | None = None
+
+
+@dataclass(frozen=True)
+class PeerGone(Message):
+    """runner -> all: a process died or hung; resend what it held."""
+    TYPE: ClassVar[str] = "peer_gone"
+    name: str
+    incarnation: int
+    final: bool
+    reason: str
+    poison: list | None = None
+    signal: str | None = None
+    exit_code: int | None = None
+    t_s: float | None = None
+    position: int | None = None
+
+
+MESSAGES = (Credit, Ack, FrameOnLink, End, Release, Result, Failed, Stats, Beat, Progress, Finished, Drain, Stop,
+            PeerGone)
+SCHEMAS: dict[str, dict[str, str]] = {kind.TYPE: schema_of(kind) for kind in MESSAGES}
+(CREDIT, ACK, FRAME, END, RELEASE, RESULT, FAILED, STATS, HEARTBEAT, PROGRESS, FINISHED, DRAIN, STOP,
+ PEER_GONE) = (kind.TYPE for kind in MESSAGES)
 
 
 def is_number(value: Any) -> bool:

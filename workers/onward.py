@@ -76,7 +76,7 @@ class Onward:
     def put(self, header: dict, arrays: list | tuple = (), release: bool = False) -> None:
         """A finished frame: sent now to the collector (a RESULT), or queued for the next stage."""
         if self.link is None:
-            self._bytes_to_collector += self.collector.send({**header, "type": RESULT})
+            self._bytes_to_collector += self.collector.send({**header, "type": RESULT})  # a link's FRAME type goes
             self.messages_out += 1
             self.frames_in.ack(header["id"], release=release)
         else:

@@ -23,9 +23,10 @@ from sharedmem.in_hand import InHand
 from sharedmem.slots import SlotError, SlotViews
 from wire.frame_header import FrameHeader
 from wire.links import SlotReturns, Upstream
-from wire.messages import RESULT
+from wire.messages import Result
 from wire.transport import ProtocolError
 from wire.wiring import StageArgs
+from topology.stages import sink_role
 from workers.onward import Onward
 from yolo.coco import coco_results
 from yolo.crops import crop_box, crop_paths
@@ -121,12 +122,10 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
     orig = h.px.get("orig")
     if first_pass and outputs.save_crop and orig is not None and len(dets):
         outputs.save_crops(h.name, views.array(orig, arrays), dets, names)  # a reduced decode: its pixels
-    result = {"type": RESULT, "id": h.id, "name": h.name, "batch": h.batch, "cold": h.cold,
-              "image_saved": False, "detections": records,
-              "predictions": coco_results(records, names) if first_pass else []}
-    if h.keep_image and orig is not None and h.release_by == "collector":
-        result.update(video=h.video_message(), px={"orig": orig}, pre=h.pre, cycle=h.cycle,
-                      draw=dets.tolist())  # the collector draws and writes video frames in order
+    to_collector = {}
+    if h.keep_image and orig is not None and h.release_by == sink_role():
+        to_collector = dict(video=h.video_message(), px={"orig": orig}, pre=h.pre, cycle=h.cycle,
+                            draw=dets.tolist())  # the collector draws and writes video frames in order
     elif h.keep_image and orig is not None:
         image = np.array(views.array(orig, arrays))  # a copy: the slot stays as it was if we die
         if image.ndim != 3 or image.shape[:2] != info.original_shape:
@@ -140,9 +139,10 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
         if saved:
             substages["draw"].add((t_draw - t_nms) * 1e3)
             substages["save"].add((t_end - t_draw) * 1e3)
-    result.update(t={**h.t, "post_start": t_start, "post_end": t_end}, image_saved=saved,
-                  image_error=outputs.error)
-    return result
+    return Result(id=h.id, name=h.name, t={**h.t, "post_start": t_start, "post_end": t_end}, detections=records,
+                  workers={"pre": h.pre, "infer": h.infer}, batch=h.batch, image_saved=saved, cold=h.cold,
+                  predictions=coco_results(records, names) if first_pass else [], image_error=outputs.error,
+                  **to_collector).to_message()
 
 
 class Postprocess(Stage):
@@ -200,7 +200,7 @@ class Postprocess(Stage):
                 self.faults.on_frames([h.name])
                 result = postprocess(h, msg.arrays, self.views, self.opts, self.names, self.outputs, self.substages,
                                      measured, self.draw)
-                result["workers"] = {"pre": h.pre, "infer": h.infer, ROLE: self.args.name}
+                result["workers"][ROLE] = self.args.name
                 self.onward.put(result)
             except Exception as exc:  # one bad frame must not take the stage down
                 poisoned = bool(control.poison.get(h.id))

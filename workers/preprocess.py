@@ -19,7 +19,7 @@ from process.faults import TestFaults
 from process.stage_loop import Stage, StageProcess, run_loop
 from wire.frame_header import FrameHeader, VideoPlace
 from wire.links import Downstream
-from wire.messages import FAILED, RELEASE, validate
+from wire.messages import RELEASE, Failed, validate
 from sharedmem.slots import SHM_DIR, SlotRing, segment_name
 from wire.wiring import StageArgs
 from wire.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message
@@ -207,11 +207,8 @@ def _report_failed(ref, reason: str, args: StageArgs, process: StageProcess, fai
         log.debug("frame %d (%s) failed: %s", ref.frame_id, ref.name, reason)
     else:
         failures.failed("frame %d (%s) failed: %s", ref.frame_id, ref.name, reason)
-    failure = {"type": FAILED, "id": ref.frame_id, "name": ref.name, "stage": ROLE, "worker": args.name,
-               "reason": reason, "cycle": ref.cycle}
-    if ref.kind in ("video", "stream"):
-        failure["video"] = {"item": ref.item, "index": ref.index}
-    process.tell_collector(failure)
+    video = {"item": ref.item, "index": ref.index} if ref.kind in ("video", "stream") else None
+    process.tell_collector(Failed(ref.frame_id, ref.name, ROLE, args.name, reason, ref.cycle, video).to_message())
 
 
 def _read_next(reader: ShareReader | FeedReader, slots: FramesOut, cfg, args: StageArgs, process: StageProcess,

@@ -24,7 +24,7 @@ from process.stage_loop import Stage, StageProcess, run_loop
 from sharedmem.in_hand import InHand
 from topology.stages import kind_of, role_of
 from wire.links import SlotReturns, Upstream
-from wire.messages import FAILED, RESULT, SCHEMAS, check_fields
+from wire.messages import RESULT, SCHEMAS, Failed, check_fields
 from wire.transport import ProtocolError
 from wire.wiring import StageArgs
 from workers.onward import Onward
@@ -101,9 +101,8 @@ class Relay(Stage):
 
     def fail(self, result: dict, reason: str) -> None:
         """The frame is failed here; a video frame's slot, kept for the collector, is given back."""
-        self.onward.failed({"type": FAILED, "id": result["id"], "name": result["name"], "stage": self.role,
-                            "worker": self.args.name, "reason": reason, "cycle": result.get("cycle"),
-                            "video": result.get("video")})
+        self.onward.failed(Failed(result["id"], result["name"], self.role, self.args.name, reason, result.get("cycle"),
+                                  result.get("video")).to_message())
         if result.get("px"):
             self.returns.release(result["id"], result.get("pre"), result["px"])
 
