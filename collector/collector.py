@@ -151,13 +151,13 @@ class Collector(Stage):
     def __init__(self, process: StageProcess):
         args = process.args
         self.process, self.args, self.log = process, args, process.log
-        self.results_in = make_socket(process.ctx, zmq.PULL, max_message_bytes=REPORT_LIMITS.header_bytes,
-                                      curve=args.wire.curve, curve_server=True)
+        self.results_in = process.own(make_socket(process.ctx, zmq.PULL, max_message_bytes=REPORT_LIMITS.header_bytes,
+                                                  curve=args.wire.curve, curve_server=True))
         self.results_in.bind(args.endpoints["collector"])
         process.listen(self.results_in, self.receive)
-        self.progress_out = make_socket(process.ctx, zmq.PUSH, curve=args.wire.curve)
+        self.progress_out = process.own(make_socket(process.ctx, zmq.PUSH, curve=args.wire.curve))
         self.progress_out.connect(args.endpoints["progress"])
-        self.collected = Collected(args, list(args.workers), process.ctx, process.log, args.resume)
+        self.collected = process.own(Collected(args, list(args.workers), process.ctx, process.log, args.resume))
         self.sampler = ResourceSampler(args.runner_pid)
         self.last_progress = self.last_sample = 0.0
         self.stop_deadline: float | None = None
@@ -206,11 +206,6 @@ class Collector(Stage):
         log.info("run folder written in %.2f s", time.perf_counter() - finished_s)
         finished = Finished(summary, written, write_error, missing_workers=collected.expected.waiting_for())
         send_message(self.progress_out, finished.to_message(), token=args.wire.token)
-
-    def close(self) -> None:
-        self.collected.close()
-        self.results_in.close()
-        self.progress_out.close()
 
 
 def run(args: StageArgs) -> None:

@@ -39,6 +39,13 @@ class StageProcess:
         self.poller.register(self.control.socket, zmq.POLLIN)  # handled last, after the stage's sockets
         self.handlers: dict[zmq.Socket, object] = {}
         self._collector: zmq.Socket | None = None
+        self._owned: list = []  # what the stage opened, closed last first when the process ends
+
+    def own(self, closable):
+        """``closable`` (anything with ``close()``) is closed when the process ends, in the
+        reverse order of owning; returns it."""
+        self._owned.append(closable)
+        return closable
 
     def listen(self, socket: zmq.Socket, handle) -> None:
         """Poll ``socket``; ``handle(socket)`` when it has something (in the order listened)."""
@@ -61,6 +68,8 @@ class StageProcess:
         return worker_stats(self.args, role, self.threads, self.clock, frames, self.drops, **extra)
 
     def close(self) -> None:
+        for closable in reversed(self._owned):
+            closable.close()
         self.heartbeat.close()
         if self._collector is not None:
             self._collector.close()
@@ -97,9 +106,6 @@ class Stage:
     def finish(self) -> None:
         """After the loop, unless it raised: the summary to the collector."""
 
-    def close(self) -> None:
-        """Always, last: close what the stage opened (the process closes its own after)."""
-
 
 def run_loop(process: StageProcess, stage: Stage) -> None:
     control = process.control
@@ -122,5 +128,4 @@ def run_loop(process: StageProcess, stage: Stage) -> None:
             process.log.info("stopping: %s", control.stop_reason or control.drain_reason)
         stage.finish()
     finally:
-        stage.close()
         process.close()

@@ -19,14 +19,12 @@ import torch
 from analysis.samples import Samples
 from backends.registry import load_backend
 from process.faults import TestFaults
-from process.stage_loop import POLL_TIMEOUT_MS, Stage, StageProcess, run_loop
+from process.stage_loop import POLL_TIMEOUT_MS, StageProcess, run_loop
 from sharedmem.in_hand import InHand
 from sharedmem.slots import SlotError, SlotViews
 from wire.frame_header import FrameHeader
-from wire.links import Upstream
-from wire.transport import ProtocolError
 from wire.wiring import StageArgs
-from workers.onward import Onward
+from workers.onward import FrameStage
 from yolo.detect import DetectOptions
 from yolo.letterbox import LETTERBOX_STRIDE
 from yolo.precision import choose_precision
@@ -96,35 +94,29 @@ class Detector:
         return self.backend.log_line()
 
 
-class Inference(Stage):
+class Inference(FrameStage):
     """Gathers frames by letterboxed shape, runs a batch when it is full or has waited long
     enough, and sends each frame's candidates on to postprocess."""
 
     def __init__(self, process: StageProcess):
         args, cfg = process.args, process.args.config
-        self.process, self.args, self.cfg = process, args, cfg
         TestFaults.for_role(ROLE).delay_start()
-        self.detector = Detector(args)
-        producers, urls = args.endpoints.producers(ROLE)
-        self.frames_in = Upstream(process.ctx, urls, producers, args.identity, cfg.credit_per_producer(), args.wire,
-                                  process.drops)
-        for socket in self.frames_in.sockets:
-            process.listen(socket, self.receive)
-        self.onward = Onward(process, self.frames_in)
-        self.views = SlotViews(args.run_tag)
+        self.detector = Detector(args)  # first: the model loads before any socket is made
+        super().__init__(process, credit=cfg.credit_per_producer())
+        self.cfg = cfg
+        self.views = process.own(SlotViews(args.run_tag))
         self.faults = TestFaults.for_role(ROLE)
         self.waiting: dict[tuple, list[Waiting]] = collections.defaultdict(list)  # by letterboxed shape
         self.substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
         self.batches = self.frames = self.cold_forwards = 0
         self.cold_forward_s = 0.0  # first forwards of an input shape: set-up time left out of ms per frame, said apart
         self.module_times = ModuleTimes(self.detector.timing)
-        self.in_hand = InHand(args.run_tag, args.name)  # the batch being run, for the runner if this dies
+        self.in_hand = process.own(InHand(args.run_tag, args.name))  # the batch being run, for the runner if this dies
         self.started = False
         process.log.info(self.detector.log_line())
 
-    def peer_gone(self, notice: dict) -> None:
-        self.onward.peer_gone(notice)
-        self.frames_in.producer_gone(notice["name"], notice["final"])
+    def keep_going(self, control) -> bool:
+        return not control.check()  # done() ends it, once the batches waiting are run and sent
 
     def step(self) -> bool:
         if not self.started and self.onward.ready():
@@ -169,11 +161,24 @@ class Inference(Stage):
             return POLL_TIMEOUT_MS
         return _poll_timeout_ms(self.waiting, self.cfg)
 
-    def blocked_on_output(self) -> bool:
-        return self.onward.blocked()
-
     def receive(self, socket) -> None:
-        _receive(socket, self.frames_in, self.views, self.waiting, self.onward, self.args, self.process.control.poison)
+        """A frame into the batch of its shape; failed at once when its pixels are bad or when it
+        killed inference workers twice (``poison``: id -> reason; None for a suspect, run alone)."""
+        taken = self.take(socket, lambda header: FrameHeader.from_message(header, sent_by="pre"))
+        if taken is None:
+            return
+        msg, header = taken
+        poison = self.process.control.poison
+        try:
+            if poison.get(header.id):  # failed as a frame whose pixels cannot be read is
+                raise SlotError(poison[header.id])
+            image = self.views.array(header.px.get("lb"), msg.arrays)
+            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
+                raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")
+        except SlotError as exc:
+            self.onward.failed(header.failed(ROLE, self.args.name, str(exc)), release=True)
+            return
+        self.waiting[tuple(image.shape)].append(Waiting(time.perf_counter(), header, msg.arrays, image))
 
     def finish(self) -> None:
         held = sorted([item.header.id for items in self.waiting.values() for item in items] +
@@ -187,41 +192,10 @@ class Inference(Stage):
             substages_ms={k: v.to_dict() for k, v in self.substages.items()}, link=onward.link_label,
             timing=self.module_times.export(), **{**onward.held(), "held": held}))
 
-    def close(self) -> None:
-        self.in_hand.close()
-        self.views.close()
-        self.frames_in.close()
-        self.onward.close()
-
 
 def run(args: StageArgs) -> None:
     process = StageProcess(args, use_torch=True)
     run_loop(process, Inference(process))
-
-
-def _receive(socket, frames_in: Upstream, views: SlotViews, waiting: dict, onward: Onward, args: StageArgs,
-             poison: dict[int, str]) -> None:
-    """A frame into the batch of its shape; failed at once when its pixels are bad or when it
-    killed inference workers twice (``poison``: id -> reason; None for a suspect, run alone)."""
-    msg = frames_in.receive(socket)
-    if msg is None:
-        return
-    try:
-        header = FrameHeader.from_message(msg.header, sent_by="pre")
-    except ProtocolError as exc:
-        frames_in.drops.note(exc, "frames")
-        frames_in.ack(msg.header["id"])
-        return
-    try:
-        if poison.get(header.id):  # failed as a frame whose pixels cannot be read is
-            raise SlotError(poison[header.id])
-        image = views.array(header.px.get("lb"), msg.arrays)
-        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
-            raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")
-    except SlotError as exc:
-        onward.failed(header.failed(ROLE, args.name, str(exc)), release=True)
-        return
-    waiting[tuple(image.shape)].append(Waiting(time.perf_counter(), header, msg.arrays, image))
 
 
 def _take_batch(items: list[Waiting], size: int, suspects: dict) -> tuple[list[Waiting], list[Waiting]]:

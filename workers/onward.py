@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import collections
 
-from process.stage_loop import StageProcess
+from process.stage_loop import Stage, StageProcess
 from topology.stages import consumers_of, next_role, role_of, sink_role
 from wire.links import Downstream, Upstream
 from wire.messages import RESULT
+from wire.transport import ProtocolError
 from wire.transport import send_message
 
 RESEND_WINDOW = 256  # results kept after sending: those a collector that died had not written are among them
@@ -122,3 +123,49 @@ class Onward:
     def close(self) -> None:
         if self.link is not None:
             self.link.close()
+
+
+class FrameStage(Stage):
+    """A stage that takes frames from the stage before it, over a credit link granting
+    ``credit`` frames to each producer, and sends what it finished on (:class:`Onward`); its
+    ``receive(socket)`` takes one frame."""
+
+    def __init__(self, process: StageProcess, credit: int):
+        args = process.args
+        self.process, self.args = process, args
+        producers, urls = args.endpoints.producers(role_of(args.name))
+        self.frames_in = process.own(Upstream(process.ctx, urls, producers, args.identity, credit, args.wire,
+                                              process.drops))
+        for socket in self.frames_in.sockets:
+            process.listen(socket, self.receive)
+        self.onward = process.own(Onward(process, self.frames_in))
+
+    def receive(self, socket) -> None:
+        raise NotImplementedError
+
+    def take(self, socket, parse):
+        """(message, ``parse(header)``) of the next frame on ``socket``; None for an end of stream,
+        or a header ``parse`` refuses (ProtocolError: counted as dropped and acked, so its
+        producer's credit comes back)."""
+        msg = self.frames_in.receive(socket)
+        if msg is None:
+            return None
+        try:
+            return msg, parse(msg.header)
+        except ProtocolError as exc:
+            self.process.drops.note(exc, "frames")
+            self.frames_in.ack(msg.header["id"])
+            return None
+
+    def keep_going(self, control) -> bool:
+        return not control.check() and not (self.frames_in.all_ended() and self.onward.finished())
+
+    def peer_gone(self, notice: dict) -> None:
+        self.frames_in.producer_gone(notice["name"], notice["final"])
+        self.onward.peer_gone(notice)
+
+    def step(self) -> bool:
+        return self.onward.step()
+
+    def blocked_on_output(self) -> bool:
+        return self.onward.blocked()

@@ -18,16 +18,15 @@ import torch
 from analysis.samples import Samples
 from process.failure_log import FailureLog
 from process.faults import TestFaults
-from process.stage_loop import Stage, StageProcess, run_loop
+from process.stage_loop import StageProcess, run_loop
 from sharedmem.in_hand import InHand
 from sharedmem.slots import SlotError, SlotViews
 from wire.frame_header import FrameHeader
-from wire.links import SlotReturns, Upstream
+from wire.links import SlotReturns
 from wire.messages import Result
-from wire.transport import ProtocolError
 from wire.wiring import StageArgs
 from topology.stages import sink_role
-from workers.onward import Onward
+from workers.onward import FrameStage
 from yolo.coco import coco_results
 from yolo.crops import crop_box, crop_paths
 from yolo.detect import annotated_name, detection_records, final_detections, in_full_size
@@ -145,51 +144,28 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
                   **to_collector).to_message()
 
 
-class Postprocess(Stage):
+class Postprocess(FrameStage):
     """Takes each frame from inference, finishes it (:func:`postprocess`) and sends it on."""
 
     def __init__(self, process: StageProcess):
         args, cfg = process.args, process.args.config
-        self.process, self.args = process, args
+        super().__init__(process, credit=cfg.prefetch)
         self.opts, self.draw, self.names = cfg.detect_options(), cfg.draw_options(), list(args.names)
-        self.failures = FailureLog(process.log)
-        producers, urls = args.endpoints.producers(ROLE)
-        self.frames_in = Upstream(process.ctx, urls, producers, args.identity, cfg.prefetch, args.wire, process.drops)
-        for socket in self.frames_in.sockets:
-            process.listen(socket, self.receive)
-        self.onward = Onward(process, self.frames_in)
-        self.returns = SlotReturns(process.ctx, args)
-        self.views = SlotViews(args.run_tag)
+        self.failures = process.own(FailureLog(process.log))
+        self.returns = process.own(SlotReturns(process.ctx, args))
+        self.views = process.own(SlotViews(args.run_tag))
         self.outputs = Outputs(args.run_dir, cfg, process.log)
         self.faults = TestFaults.for_role(ROLE)
         self.substages = {"nms": Samples(), "draw": Samples(), "save": Samples()}
         self.frames = 0
-        self.in_hand = InHand(args.run_tag, args.name)  # the frame being finished, for the runner if this dies
+        self.in_hand = process.own(InHand(args.run_tag, args.name))  # the frame being finished, for the runner if this dies
         self.frames_in.start()
 
-    def keep_going(self, control) -> bool:
-        return not control.check() and not (self.frames_in.all_ended() and self.onward.finished())
-
-    def peer_gone(self, notice: dict) -> None:
-        self.frames_in.producer_gone(notice["name"], notice["final"])
-        self.onward.peer_gone(notice)
-
-    def step(self) -> bool:
-        return self.onward.step()
-
-    def blocked_on_output(self) -> bool:
-        return self.onward.blocked()
-
     def receive(self, socket) -> None:
-        msg = self.frames_in.receive(socket)
-        if msg is None:
+        taken = self.take(socket, lambda header: FrameHeader.from_message(header, sent_by="infer"))
+        if taken is None:
             return
-        try:
-            h = FrameHeader.from_message(msg.header, sent_by="infer")
-        except ProtocolError as exc:
-            self.process.drops.note(exc, "frames")
-            self.frames_in.ack(msg.header["id"])
-            return
+        msg, h = taken
         measured = h.id >= self.args.config.warmup
         control = self.process.control
         with self.process.clock.busy() as spent:
@@ -220,14 +196,6 @@ class Postprocess(Stage):
             messages_in=self.frames_in.frames_received, messages_out=onward.messages_out, link=onward.link_label,
             substages_ms={k: v.to_dict() for k, v in self.substages.items()}, **onward.held(),
             images_saved=self.outputs.saved, image_error=self.outputs.error))
-
-    def close(self) -> None:
-        self.failures.close()
-        self.in_hand.close()
-        self.views.close()
-        self.returns.close()
-        self.frames_in.close()
-        self.onward.close()
 
 
 def run(args: StageArgs) -> None:

@@ -103,23 +103,23 @@ class Preprocess(Stage):
     def __init__(self, process: StageProcess):
         args, cfg, plan = process.args, process.args.config, process.args.plan
         self.process, self.args, self.cfg = process, args, cfg
-        self.frames_out = Downstream(process.ctx, args.endpoints[args.name],
-                                     consumers_of(args.endpoints.counts, ROLE), args.identity, args.wire, process.drops)
+        self.frames_out = process.own(Downstream(process.ctx, args.endpoints[args.name],
+                                     consumers_of(args.endpoints.counts, ROLE), args.identity, args.wire, process.drops))
         process.listen(self.frames_out.socket, self.take_acks)
-        self.returns_in = make_socket(process.ctx, zmq.PULL, max_message_bytes=FRAME_LIMITS.header_bytes,
-                                      curve=args.wire.curve, curve_server=True)  # a larger message disconnects its sender, as on every bound socket
+        self.returns_in = process.own(make_socket(process.ctx, zmq.PULL, max_message_bytes=FRAME_LIMITS.header_bytes,
+                                                  curve=args.wire.curve, curve_server=True))  # a larger message disconnects its sender, as on every bound socket
         self.returns_in.bind(args.endpoints[f"{args.name}-returns"])
         process.listen(self.returns_in, lambda socket: _take_returns(socket, self.slots, args, process.drops))
-        self.slots = FramesOut(args)
+        self.slots = process.own(FramesOut(args))
         self.faults = TestFaults.for_role(ROLE)
         self.substages, self.sent = {"read": Samples(), "letterbox": Samples()}, 0
         reader_of = FeedReader if is_feed(plan.source) else ShareReader
-        self.reader = reader_of(plan, args.index, args.endpoints.counts[ROLE], args.start_position,
-                                decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
+        self.reader = process.own(reader_of(plan, args.index, args.endpoints.counts[ROLE], args.start_position,
+                                decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels)))
         self.handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
         self.stream_errors: list[str] = []
-        self.failures = FailureLog(process.log)
-        self.in_hand = InHand(args.run_tag, args.name)  # the frame being read and sent, for the runner if this dies
+        self.failures = process.own(FailureLog(process.log))
+        self.in_hand = process.own(InHand(args.run_tag, args.name))  # the frame being read and sent, for the runner if this dies
         self.share_done = False
         self.ready = None  # a prepared frame waiting for credit
 
@@ -185,14 +185,6 @@ class Preprocess(Stage):
             position=self.handed, share=self.reader.planned, held_by=frames_out.held_by(),
             resent=frames_out.resent_by, slots=ring.count if ring else 0, inline_arrays=ring.inline_arrays if ring else 0,
             stream_errors=self.stream_errors, streams=[dataclasses.asdict(s) for s in self.reader.stream_stats()]))
-
-    def close(self) -> None:
-        self.failures.close()
-        self.in_hand.close()
-        self.reader.close()
-        self.slots.close()
-        self.frames_out.close()
-        self.returns_in.close()
 
 
 def run(args: StageArgs) -> None:

@@ -20,62 +20,37 @@ from collections.abc import Callable
 from analysis.samples import Samples
 from process.failure_log import FailureLog
 from process.faults import TestFaults
-from process.stage_loop import Stage, StageProcess, run_loop
+from process.stage_loop import StageProcess, run_loop
 from sharedmem.in_hand import InHand
 from topology.stages import kind_of, role_of
-from wire.links import SlotReturns, Upstream
+from wire.links import SlotReturns
 from wire.messages import RESULT, SCHEMAS, Failed, check_fields
-from wire.transport import ProtocolError
 from wire.wiring import StageArgs
-from workers.onward import Onward
+from workers.onward import FrameStage
 
 LINK_FIELDS = ("type", "src")  # what the link put on the result
 
 
-class Relay(Stage):
+class Relay(FrameStage):
     def __init__(self, process: StageProcess, on_result: Callable[[dict], dict]):
         args = process.args
-        self.process, self.args, self.on_result = process, args, on_result
+        super().__init__(process, credit=args.config.prefetch)
+        self.on_result = on_result
         self.role = role_of(args.name)
         self.start_key, self.end_key = kind_of(self.role).frame_times[0], kind_of(self.role).frame_times[-1]
-        producers, urls = args.endpoints.producers(self.role)
-        self.frames_in = Upstream(process.ctx, urls, producers, args.identity, args.config.prefetch, args.wire,
-                                  process.drops)
-        for socket in self.frames_in.sockets:
-            process.listen(socket, self.receive)
-        self.onward = Onward(process, self.frames_in)
-        self.returns = SlotReturns(process.ctx, args)
-        self.failures = FailureLog(process.log)
+        self.returns = process.own(SlotReturns(process.ctx, args))
+        self.failures = process.own(FailureLog(process.log))
         self.faults = TestFaults.for_role(self.role)
-        self.in_hand = InHand(args.run_tag, args.name)
+        self.in_hand = process.own(InHand(args.run_tag, args.name))
         self.step_ms = Samples()
         self.frames = 0
         self.frames_in.start()
 
-    def keep_going(self, control) -> bool:
-        return not control.check() and not (self.frames_in.all_ended() and self.onward.finished())
-
-    def peer_gone(self, notice: dict) -> None:
-        self.frames_in.producer_gone(notice["name"], notice["final"])
-        self.onward.peer_gone(notice)
-
-    def step(self) -> bool:
-        return self.onward.step()
-
-    def blocked_on_output(self) -> bool:
-        return self.onward.blocked()
-
     def receive(self, socket) -> None:
-        msg = self.frames_in.receive(socket)
-        if msg is None:
+        taken = self.take(socket, _result_of)
+        if taken is None:
             return
-        try:
-            result = check_fields({k: v for k, v in msg.header.items() if k not in LINK_FIELDS},
-                                  SCHEMAS[RESULT], "frame")
-        except ProtocolError as exc:
-            self.process.drops.note(exc, "frames")
-            self.frames_in.ack(msg.header["id"])
-            return
+        msg, result = taken
         control, clock = self.process.control, self.process.clock
         measured = result["id"] >= self.args.config.warmup and not result["cold"]
         with clock.busy() as spent:
@@ -113,12 +88,10 @@ class Relay(Stage):
             messages_in=self.frames_in.frames_received, messages_out=onward.messages_out, link=onward.link_label,
             substages_ms={"step": self.step_ms.to_dict()}, **onward.held()))
 
-    def close(self) -> None:
-        self.failures.close()
-        self.in_hand.close()
-        self.returns.close()
-        self.frames_in.close()
-        self.onward.close()
+
+def _result_of(header: dict) -> dict:
+    """The result a frame on the link carries (ProtocolError if it is not one)."""
+    return check_fields({k: v for k, v in header.items() if k not in LINK_FIELDS}, SCHEMAS[RESULT], "frame")
 
 
 def run_relay(args: StageArgs, on_result: Callable[[dict], dict], use_torch: bool = False) -> None:
