@@ -13,7 +13,8 @@ the same cores); with cores to spare, more workers for the limiting stage do."""
 
 from __future__ import annotations
 
-from topology.stages import frame_roles, title
+from settings.config import flag_of
+from topology.stages import frame_roles, kind_of, title
 from analysis.stats import ratio
 from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
 
@@ -176,17 +177,20 @@ class Levers:
                          f"inference's forward here takes {forward_cpu:.0f} of {self.cpu_ms:.0f} CPU-ms per frame")}
 
     def more_workers(self, role: str) -> dict | None:
-        """One more worker for ``role``; None when the bound would not move (another limit is lower)."""
-        count = self.stages[role]["workers"]
+        """One more worker for ``role``; None when the bound would not move (another limit is lower),
+        or when no setting says how many (a stage a plugin added with a fixed count)."""
+        count_field = kind_of(role).count if role in frame_roles() else None
+        if not isinstance(count_field, str):
+            return None
+        flag, count = flag_of(count_field), self.stages[role]["workers"]
         after = self.bound_after(role, workers=count + 1)
         cap, new_cap = self.capacities[role], after["stage_capacity_fps"][role]
         if not cap or not new_cap:
-            return {"flag": f"--{role}-workers {count + 1}", "text": f"add --{role}-workers (now {count})",
-                    "bound_fps_after": None}
+            return {"flag": f"{flag} {count + 1}", "text": f"add {flag} (now {count})", "bound_fps_after": None}
         if self.now["bound_fps"] and after["bound_fps"] <= self.now["bound_fps"] * 1.01:
             return None
-        return {"flag": f"--{role}-workers {count + 1}",
-                "text": (f"add --{role}-workers (now {count}): {title(role)}'s capacity would rise from "
+        return {"flag": f"{flag} {count + 1}",
+                "text": (f"add {flag} (now {count}): {title(role)}'s capacity would rise from "
                          f"{cap:.1f} to {new_cap:.1f} fps and the bound to {after['bound_fps']:.1f} fps "
                          f"({_kind_name(after['bound_kind'])})"),
                 "bound_fps_after": after["bound_fps"]}
