@@ -28,8 +28,8 @@ from wire.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket
 from inputs.frames import Frame, FrameReadError, StreamError
 from inputs.imageio import DecodeOptions
 from yolo.letterbox import LETTERBOX_STRIDE, bgr_to_rgb_chw, letterbox
-from inputs.feed import FeedReader, FeedWaiting, is_feed
-from inputs.reader import ShareReader
+from inputs.feed import FeedWaiting
+from inputs.reader import ShareReader, open_share
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +120,8 @@ def run(args: StageArgs) -> None:
         poller.register(socket, zmq.POLLIN)
     clock, faults = Clock(), TestFaults.for_role("pre")
     substages, sent = {"read": Samples(), "letterbox": Samples()}, 0
-    reader_of = FeedReader if is_feed(plan.source) else ShareReader
-    reader = reader_of(plan, args.index, args.endpoints.counts["pre"], args.start_position,
-                       decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
+    reader = open_share(plan, args.index, args.endpoints.counts["pre"], args.start_position,
+                        decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels))
     handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
     stream_errors: list[str] = []
     failures = FailureLog(log)
@@ -206,7 +205,7 @@ def _report_failed(ref, reason: str, args: StageArgs, results_out, failures: Fai
     send_message(results_out, failure, token=args.wire.token)
 
 
-def _read_next(reader: ShareReader | FeedReader, slots: FramesOut, cfg, args: StageArgs, results_out,
+def _read_next(reader: ShareReader, slots: FramesOut, cfg, args: StageArgs, results_out,
                failures: FailureLog, stream_errors: list[str], faults: TestFaults
                ) -> tuple[tuple[dict, list] | None, bool, bool]:
     """(the next frame prepared and packed into a slot, or None; whether the share is done;
