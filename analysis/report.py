@@ -31,6 +31,7 @@ from topology.stages import done_time, frame_roles, latency_intervals
 from analysis.stats import ratio
 from analysis.trace import process_label, trace_events
 from analysis.windows import is_measured, measured_window, stability, throughput_windows
+from backends.registry import DEFAULT_BACKEND, recorded_backend
 
 __all__ = ["RunData", "build_report", "write_run_folder", "json_summary", "json_safe", "modules_csv"]
 
@@ -259,13 +260,9 @@ def inference_of(stages: dict, config: dict, environment: dict) -> dict:
         precision = "fp16" if devices.startswith("cuda") else "bf16"
     else:
         precision = "fp32"
-    if config.get("backend") == "openvino":
-        openvino = environment.get("openvino")
-        return {"precision": precision, "backend": f"OpenVINO{' ' + openvino if openvino else ''} on cpu"}
-    autocast = " with bf16 autocast" if "bf16" in reported or (not reported and precision == "bf16") else ""
-    torch_version = environment.get("torch")
-    return {"precision": precision,
-            "backend": f"PyTorch{' ' + torch_version if torch_version else ''} eager{autocast} on {devices}"}
+    bf16 = "bf16" in reported or (not reported and precision == "bf16")
+    spec = recorded_backend(config.get("backend") or DEFAULT_BACKEND)
+    return {"precision": precision, "backend": spec.label(environment, devices, autocast=bf16)}
 
 
 def link_report(links: dict) -> dict:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from backends.base import Backend
+from backends.optional import import_optional
 from backends.options import BackendOptions
 from yolo.checkpoint import load_model
 from yolo.model import TIMING_SELECTIONS
@@ -52,12 +53,8 @@ class OpenVinoError(RuntimeError):
 
 
 def import_openvino():
-    try:
-        import openvino
-    except ImportError:
-        raise OpenVinoError("backend openvino: the openvino package is not installed "
-                            "(pip install -r requirements.txt installs the pinned version)") from None
-    return openvino
+    return import_optional("openvino", OpenVinoError, "backend openvino: the openvino package is not installed "
+                           "(pip install -r requirements.txt installs the pinned version)")
 
 
 def cache_dir() -> Path:
@@ -270,3 +267,14 @@ def prepare(options: BackendOptions) -> str:
     otherwise), into the disk cache; a cached conversion is only checked."""
     path, converted = converted_model_path(options.weights, preset=options.preset, fuse=options.fuse)
     return f"OpenVINO model {'converted and cached' if converted else 'from the cache'}: {path.parent}"
+
+
+def ready_for_sweep(options: BackendOptions) -> bool:
+    """Whether a sweep trial may move to OpenVINO: only with the model's conversion cached.
+    Converting takes tens of seconds, which one trial would spend out of the budget; one run
+    with --backend openvino converts it for every later sweep."""
+    if cached_model_path(options.weights, preset=options.preset, fuse=options.fuse) is not None:
+        return True
+    log.info("sweep: --backend openvino is not tried: its converted model is not cached yet (one run with "
+             "--backend openvino converts it)")
+    return False

@@ -16,6 +16,7 @@ from cluster.driver import run_cluster
 from cluster.ray_session import import_ray, joined, signals_noted
 from cluster.report import write_run_folder
 from cluster.work import units_of
+from inputs.kinds import input_kind
 from inputs.sources import SYNTHETIC_SOURCE
 from supervisor.prepare import make_run_dir
 from settings.config import ConfigError, RunConfig
@@ -41,7 +42,7 @@ class ClusterOptions:
 def check_cluster_run(cfg: RunConfig, plan) -> None:
     """What a cluster run cannot do, refused before Ray is joined (exit 2)."""
     import_ray()  # RayMissing (exit 2) names the package
-    if plan.open_ended or any(item.kind == "stream" for item in plan.items):
+    if plan.open_ended or any(input_kind(item.kind).live for item in plan.items):
         raise ConfigError("--ray: a live stream or camera is one node's: run it without --ray on the node that "
                           "reaches it")
     if cfg.duration:

@@ -9,6 +9,7 @@ import logging
 import signal
 import socket
 
+from backends.optional import import_optional
 from cluster.node import REPO_ROOT
 from settings.config import ConfigError
 
@@ -31,12 +32,8 @@ class Interrupted(Exception):
 
 def import_ray():
     """The ray module, or RayMissing naming the package to install."""
-    try:
-        import ray
-    except ImportError:
-        raise RayMissing("--ray needs the ray package, which is not installed: pip install -r requirements-ray.txt "
-                         "(ray==2.60.0)") from None
-    return ray
+    return import_optional("ray", RayMissing, "--ray needs the ray package, which is not installed: pip install -r "
+                           "requirements-ray.txt (ray==2.60.0)")
 
 
 def connect(ray, address: str) -> None:

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from inputs.feed import FeedEntry
+from inputs.kinds import input_kind
 
 FIRST_LEAD_PER_READER = 4  # frames per preprocess worker beyond its pipeline's depth, before its speed is known
 
@@ -37,7 +38,7 @@ class Unit:
         return range(self.first_id, self.first_id + self.frames)
 
     def entry(self) -> FeedEntry:
-        scene = self.first_id if self.kind == "synthetic" else 0
+        scene = self.first_id if input_kind(self.kind).numbered_by_item else 0  # a synthetic scene: its id
         return FeedEntry(self.kind, self.location, self.name, self.frames, self.item, self.start, scene, self.reason)
 
     def rest(self, done: set[int]) -> Unit | None:

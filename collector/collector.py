@@ -13,6 +13,7 @@ import zmq
 
 from collector.journal import Journal, Resume, frame_row, reload
 from analysis.machine import usable_cores
+from backends.registry import backend_packages
 from collector.ledger import Expected, Ledger, account_missing
 from process.stage_loop import Stage, StageProcess, run_loop
 from wire.links import SlotReturns
@@ -129,7 +130,7 @@ class Collected:
 
 def environment(cfg, workers: list[dict], startup_s: float) -> dict:
     versions = {name: _version(name) for name in
-                ("torch", "torchvision", "openvino", "opencv-python-headless", "numpy", "pyzmq", "msgpack", "psutil")}
+                (*backend_packages(), "opencv-python-headless", "numpy", "pyzmq", "msgpack", "psutil")}
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu_cores": usable_cores(),
             "processor": platform.processor() or platform.machine(), **versions, "libzmq": zmq.zmq_version(),
             "startup_s": startup_s, "devices": list(cfg.devices),

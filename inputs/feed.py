@@ -7,10 +7,10 @@ process while the run goes on, and one :data:`END` line closes the file. A clust
 pipeline runs on a feed (``cluster/node.py``): the driver keeps each node a few seconds of work
 ahead, so a faster node takes more and one runner start serves the whole run.
 
-The plan of a feed is open-ended: one live "stream" item per file, so each worker reads its own
-file (:meth:`FramePlan.worker_streams`). A worker's ``k``-th frame gets the open-ended id
-:meth:`FramePlan.open_stream_id` (the writer maps it back: it knows what it wrote, in order) and
-the entry's own name, so the outputs carry the writer's names. Every entry yields exactly its
+The plan of a feed is open-ended: one live item of kind ``"feed"`` per file (see
+:mod:`inputs.kinds`), so each worker reads its own file (:meth:`FramePlan.worker_streams`). A
+worker's ``k``-th frame gets the open-ended id :meth:`FramePlan.open_stream_id` (the writer maps
+it back: it knows what it wrote, in order) and the entry's own name, so the outputs carry the writer's names. Every entry yields exactly its
 ``frames`` frames, read or failed (:class:`FrameReadError`), so the ``k``-th frame of a file
 is known to the writer whatever happened to the ones before it.
 """
@@ -21,11 +21,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from inputs.frames import Frame, FrameReadError, FrameRef
-from inputs.imageio import DecodeOptions
-from inputs.plans import FramePlan, SourceItem
-from inputs.reader import FrameReader
-from inputs.streams import StreamOptions
+from inputs.frames import Frame, FrameReadError, FrameRef, SourceItem
 
 FEED_PREFIX = "feed:"
 FEED_SUFFIX = ".jsonl"
@@ -91,7 +87,7 @@ class FeedEntry:
 
 
 def feed_items(source: str) -> list[SourceItem]:
-    """The plan's items of ``feed:DIR``: a live stream per file, ``0.jsonl`` upwards."""
+    """The plan's items of ``feed:DIR``: a live ``"feed"`` item per file, ``0.jsonl`` upwards."""
     folder = source[len(FEED_PREFIX):]
     count = 0
     while os.path.isfile(feed_path(folder, count)):
@@ -99,19 +95,28 @@ def feed_items(source: str) -> list[SourceItem]:
     if not count:
         raise ValueError(f"expected feed folder {folder!r} to hold 0{FEED_SUFFIX} (one file per preprocess worker), "
                          "got none")
-    return [SourceItem("stream", feed_path(folder, w), f"feed{w}", None) for w in range(count)]
+    return [SourceItem("feed", feed_path(folder, w), f"feed{w}", None) for w in range(count)]
+
+
+def check_feed_workers(plan, readers: int) -> None:
+    """A feed is read by one preprocess worker per file: ValueError for another count."""
+    if readers != len(plan.items):
+        raise ValueError(f"a feed of {len(plan.items)} files needs --pre-workers {len(plan.items)} (one reader per "
+                         f"file), got {readers}")
 
 
 class FeedReader:
-    """One preprocess worker's feed file, with :class:`inputs.reader.ShareReader`'s interface.
+    """One preprocess worker's feed file, with :class:`inputs.reader.ShareReader`'s interface;
+    ``plan`` is the feed's :class:`inputs.plans.FramePlan`, ``frames`` the
+    :class:`inputs.reader.FrameReader` that reads its entries' frames (closed with this reader).
+    :func:`inputs.reader.open_share` makes one for a feed.
 
     :meth:`next` raises :class:`FeedWaiting` when the writer has not written the next line yet,
     and returns None after the end line. ``start`` frames (a restarted worker's predecessor read
     them) are passed over without reading.
     """
 
-    def __init__(self, plan: FramePlan, worker: int = 0, workers: int = 1, start: int = 0, *,
-                 decode: DecodeOptions | None = None, streams: StreamOptions | None = None, seed: int = 0) -> None:
+    def __init__(self, plan, worker: int = 0, workers: int = 1, start: int = 0, *, frames) -> None:
         mine = plan.worker_streams(worker, workers)
         if len(mine) != 1:
             raise ValueError(f"expected one feed file per preprocess worker, got {len(plan.items)} files for "
@@ -123,7 +128,7 @@ class FeedReader:
         self._index = 0  # frames of the entry handed out
         self._ended = False
         self._position = 0
-        self._frames = FrameReader(seed, decode, streams or StreamOptions(), plan.vid_stride)
+        self._frames = frames
         while self._position < start:
             if self.skip() is None:
                 break

@@ -1,9 +1,13 @@
-"""What a read frame is: which frame (:class:`FrameRef`), its pixels (:class:`Frame`), the
-metadata of the video or stream it came from (:class:`VideoInfo`), and the two ways a read
-goes wrong (:class:`FrameReadError` for one frame, :class:`StreamError` for a whole stream).
+"""What a source holds and a read frame is: one item of a source (:class:`SourceItem`), which
+frame (:class:`FrameRef`), its pixels (:class:`Frame`), the metadata of the video or stream it
+came from (:class:`VideoInfo`), and the two ways a read goes wrong (:class:`FrameReadError` for
+one frame, :class:`StreamError` for a whole stream).
 
-Plain data shared by the plans (:mod:`inputs.plans`), the decoders (:mod:`inputs.imageio`,
-:mod:`inputs.streams`) and the readers (:mod:`inputs.reader`).
+Plain data shared by the input kinds (:mod:`inputs.kinds`), the plans (:mod:`inputs.plans`),
+the decoders (:mod:`inputs.imageio`, :mod:`inputs.streams`) and the readers
+(:mod:`inputs.reader`). An item's and a frame's ``kind`` names an input kind of
+:mod:`inputs.kinds`: ``"image"``, ``"video"``, ``"stream"``, ``"synthetic"``, ``"broken"``,
+``"feed"``, or one a plugin registered.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FRAME_KINDS = ("image", "video", "stream", "synthetic", "broken")
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,35 @@ class VideoInfo:
 
 
 @dataclass(frozen=True)
+class SourceItem:
+    """One image, video, live stream, synthetic scene, feed file or broken entry of a source.
+
+    Attributes:
+        kind (str): its input kind (:mod:`inputs.kinds`): ``"image"``, ``"video"``,
+            ``"stream"``, ``"synthetic"``, ``"feed"``, ``"broken"`` or a plugin's.
+        location (str): absolute path, URL, camera index, or ``""`` for a synthetic scene.
+        name (str): relative, file-system-safe name (see :class:`FrameRef`).
+        frames (int | None): frames in one pass, after ``vid_stride``; None for a live item.
+        video (VideoInfo | None): a video's metadata, probed when planning; None otherwise
+            (a live stream's comes with its frames).
+        reason (str): why a ``"broken"`` item cannot be read.
+    """
+
+    kind: str
+    location: str
+    name: str
+    frames: int | None
+    video: VideoInfo | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class FrameRef:
     """One frame of a run: enough to read it (finite kinds) and for reports to name it.
 
     Attributes:
         frame_id (int): unique within the run.
-        kind (str): one of :data:`FRAME_KINDS`; ``"broken"`` frames always fail with ``reason``.
+        kind (str): its input kind (:mod:`inputs.kinds`); ``"broken"`` frames always fail with ``reason``.
         name (str): relative, file-system-safe name: ``"a/b.jpg"``, ``"clip.mp4:000035"`` (the
             source frame number counted from 1, as detect.py counts), ``"camera0:000018"``
             (``index + 1``),

@@ -17,6 +17,9 @@ pass after pass, so the id of frame ``index`` of item ``i`` in pass ``c`` is
   live frame of ``worker`` gets ``pass_len + k * workers + worker``
   (:meth:`FramePlan.open_stream_id`).
 
+An item's input kind (:mod:`inputs.kinds`) says which of these it is: a live kind (a camera,
+a live URL, a feed file) or a video kind (frames with a place in a video), else single frames.
+
 Worker shares (:meth:`FramePlan.worker_ids`): each video and live stream goes whole to one
 worker, so its frames come from one process in order: live streams first, spread over the
 workers, then videos longest first, each to the worker with the fewest streams and then the
@@ -37,31 +40,12 @@ from functools import cached_property
 
 import numpy as np
 
-from inputs.frames import FrameRef, VideoInfo
+from inputs.frames import FrameRef, SourceItem
+from inputs.kinds import input_kind
 
-WHOLE_KINDS = frozenset({"video", "stream"})  # read whole, in order, by one worker
 
-
-@dataclass(frozen=True)
-class SourceItem:
-    """One image, video, live stream, synthetic scene or broken entry of a source.
-
-    Attributes:
-        kind (str): ``"image"``, ``"video"``, ``"stream"``, ``"synthetic"`` or ``"broken"``.
-        location (str): absolute path, URL, camera index, or ``""`` for a synthetic scene.
-        name (str): relative, file-system-safe name (see :class:`inputs.frames.FrameRef`).
-        frames (int | None): frames in one pass, after ``vid_stride``; None for a live stream.
-        video (VideoInfo | None): a video's metadata, probed when planning; None otherwise
-            (a live stream's comes with its frames).
-        reason (str): why a ``"broken"`` item cannot be read.
-    """
-
-    kind: str
-    location: str
-    name: str
-    frames: int | None
-    video: VideoInfo | None = None
-    reason: str = ""
+def _live(item: SourceItem) -> bool:
+    return input_kind(item.kind).live
 
 
 def _check_worker(worker: int, workers: int) -> None:
@@ -165,17 +149,16 @@ class FramePlan:
         the live frames they read."""
         source = self.items[item]
         name = source.name
+        kind = input_kind(source.kind)
         # A video's or stream's frame is named with its number counted from 1, as detect.py
         # numbers them (labels/clip_1.txt): one numbering in every output file.
-        if source.kind == "video":
+        if kind.live:
+            name = f"{source.name}:{index + 1:06d}"
+        elif kind.video:
             source_index = index * self.vid_stride
             name = f"{source.name}:{source_index + 1:06d}"
-        elif source.kind == "stream":
-            name = f"{source.name}:{index + 1:06d}"
-        elif source.kind == "synthetic":
-            source_index = item
         else:
-            source_index = 0
+            source_index = item if kind.numbered_by_item else 0
         return FrameRef(int(frame_id), source.kind, name, item, int(index), int(cycle), source.location,
                         int(source_index), source.reason)
 
@@ -188,15 +171,16 @@ class FramePlan:
     def _assign_whole(self, frames: np.ndarray, workers: int) -> np.ndarray:
         """The worker of each video and live stream, -1 for items shared frame by frame."""
         owners = np.full(len(self.items), -1, dtype=np.int64)
-        whole = [i for i, item in enumerate(self.items) if item.kind in WHOLE_KINDS
-                 and (frames[i] > 0 or (item.kind == "stream" and self.open_ended))]
-        whole.sort(key=lambda i: (self.items[i].kind != "stream", -frames[i], i))
+        live = [_live(item) for item in self.items]
+        whole = [i for i, item in enumerate(self.items) if (live[i] or input_kind(item.kind).video)
+                 and (frames[i] > 0 or (live[i] and self.open_ended))]
+        whole.sort(key=lambda i: (not live[i], -frames[i], i))
         loads = [(0, 0)] * workers  # (live streams, frames)
         for i in whole:
             worker = min(range(workers), key=lambda w: (loads[w], w))
             owners[i] = worker
             streams, count = loads[worker]
-            loads[worker] = (streams + (self.items[i].kind == "stream"), count + int(frames[i]))
+            loads[worker] = (streams + live[i], count + int(frames[i]))
         return owners
 
     def _owners(self, workers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -219,7 +203,7 @@ class FramePlan:
         """The items of the live streams ``worker`` reads."""
         _check_worker(worker, workers)
         whole = self._owners(workers)[2]
-        return tuple(i for i, item in enumerate(self.items) if item.kind == "stream" and whole[i] == worker)
+        return tuple(i for i, item in enumerate(self.items) if _live(item) and whole[i] == worker)
 
     def worker_ids(self, worker: int, workers: int) -> list[int]:
         """The ids ``worker`` of ``workers`` reads, in reading order; every planned id goes to
@@ -231,7 +215,7 @@ class FramePlan:
         """
         _check_worker(worker, workers)
         item_of_ids, owners, _ = self._owners(workers)
-        live = np.array([item.kind == "stream" for item in self.items], dtype=bool)[item_of_ids]
+        live = np.array([_live(item) for item in self.items], dtype=bool)[item_of_ids]
         finite_ids = np.flatnonzero((owners == worker) & ~live)
         live_ids = np.flatnonzero((owners == worker) & live)
         turns = live_ids - self._offsets[item_of_ids[live_ids]]  # each frame's index within its stream
@@ -247,9 +231,9 @@ class FramePlan:
 
 def plan_lengths(items: list[SourceItem], frames: int | None) -> tuple[list[int], int | None]:
     """``(lengths, total)`` of a plan over ``items`` (see the module docstring)."""
-    lengths = [0 if item.kind == "stream" else item.frames for item in items]
+    lengths = [0 if _live(item) else item.frames for item in items]
     finite = sum(lengths)
-    live = [i for i, item in enumerate(items) if item.kind == "stream"]
+    live = [i for i, item in enumerate(items) if _live(item)]
     if not live:
         return lengths, finite if frames is None else frames
     if frames is None:

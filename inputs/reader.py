@@ -2,8 +2,11 @@
 
 - :class:`ShareReader` reads one worker's share of a :class:`inputs.plans.FramePlan`, one
   frame per :meth:`ShareReader.next` call, so a worker reads only when the pipeline has room.
-- :class:`FrameReader` reads a finite frame (image, video, synthetic, broken) by its
-  :class:`~inputs.frames.FrameRef`, in any order; :class:`ShareReader` uses one.
+- :class:`FrameReader` reads a finite frame (image, video, synthetic, broken, a plugin's) by
+  its :class:`~inputs.frames.FrameRef`, in any order, through its input kind
+  (:mod:`inputs.kinds`); :class:`ShareReader` uses one, and opens live items through their kind.
+- :func:`open_share` is the reader a worker uses: a :class:`ShareReader`, or the reader of a
+  source kind that reads its shares itself (a feed).
 
 Contract of :meth:`ShareReader.next`, with ``position`` the number of the worker's ids consumed:
 
@@ -25,41 +28,38 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import TracebackType
-from typing import Callable
+from typing import Any, Callable
 
 import cv2
 import numpy as np
 
 from inputs.frames import Frame, FrameReadError, FrameRef, StreamError, VideoInfo
-from inputs.imageio import DecodeOptions, read_image
+from inputs.imageio import DecodeOptions
+from inputs.kinds import input_kind, input_kinds, source_kind
 from inputs.plans import FramePlan
-from inputs.streams import LiveStream, StreamOptions, StreamStats, VideoReader, open_capture
-from inputs.synthetic import synthetic_image
+from inputs.streams import StreamOptions, StreamStats, open_capture
 
 Opener = Callable[[str, StreamOptions], cv2.VideoCapture]
 
 
-def _item_name(ref: FrameRef) -> str:
-    return ref.name.rpartition(":")[0] or ref.name
-
-
 class FrameReader:
-    """Reads finite frames by :class:`FrameRef`, in any order; use as a context manager.
+    """Reads finite frames by :class:`FrameRef`, in any order, each by its input kind's ``read``
+    (:mod:`inputs.kinds`); use as a context manager.
 
-    One video stays open between reads; reading its frames in order decodes sequentially. A
-    video URL given up (:class:`StreamError`) stays given up: its other frames raise
-    :class:`FrameReadError` at once.
+    What a kind keeps open between reads (``held``: one video, so reading its frames in order
+    decodes sequentially) is closed by :meth:`close`. A video URL given up (:class:`StreamError`)
+    stays given up (``given_up``): its other frames raise :class:`FrameReadError` at once.
     """
 
     def __init__(self, seed: int = 0, decode: DecodeOptions | None = None, streams: StreamOptions | None = None,
                  vid_stride: int = 1, opener: Opener = open_capture) -> None:
-        self._seed = seed
-        self._decode = decode or DecodeOptions()
-        self._streams = streams or StreamOptions()
-        self._vid_stride = vid_stride
-        self._opener = opener
-        self._video: VideoReader | None = None
-        self._given_up: dict[str, str] = {}  # location -> reason
+        self.seed = seed
+        self.decode = decode or DecodeOptions()
+        self.streams = streams or StreamOptions()
+        self.vid_stride = vid_stride
+        self.opener = opener
+        self.held: dict[str, Any] = {}  # what a kind keeps open between reads, each with a close()
+        self.given_up: dict[str, str] = {}  # location -> reason
 
     def __enter__(self) -> FrameReader:
         return self
@@ -75,50 +75,33 @@ class FrameReader:
     def read_frame(self, ref: FrameRef) -> Frame:
         """The :class:`Frame` of a finite ``ref``; raises :class:`FrameReadError` (with
         ``.ref`` set) or, for a video URL, :class:`StreamError`."""
+        kind = input_kind(ref.kind)
+        if kind.read is None:
+            finite = ", ".join(k.name for k in input_kinds() if k.read is not None)
+            raise ValueError(f"expected a frame of a finite kind ({finite}), got {ref.kind!r} for {ref.name}: "
+                             "live frames are read by their share's reader")
         try:
-            if ref.kind == "synthetic":
-                image = synthetic_image(ref.source_index, self._seed)
-                return Frame(ref, image, (image.shape[0], image.shape[1]))
-            if ref.kind == "image":
-                image, original_shape, reduction = read_image(ref.location, self._decode)
-                return Frame(ref, image, original_shape, reduction)
-            if ref.kind == "video":
-                return self._read_video(ref)
-            if ref.kind == "broken":
-                raise FrameReadError(ref.reason or f"unreadable: {ref.name}")
+            return kind.read(ref, self)
         except FrameReadError as error:
             error.ref = ref
             raise
-        raise ValueError(f"expected a frame of kind image, video, synthetic or broken, got {ref.kind!r} "
-                         f"for {ref.name}: live stream frames are read by ShareReader")
 
     def close(self) -> None:
-        """Release the open video, if any; the reader may still be used afterwards."""
-        if self._video is not None:
-            self._video.close()
-        self._video = None
+        """Release what is held open (a video); the reader may still be used afterwards."""
+        for held in self.held.values():
+            held.close()
+        self.held.clear()
 
-    def _read_video(self, ref: FrameRef) -> Frame:
-        if ref.location in self._given_up:
-            raise FrameReadError(f"video {_item_name(ref)} was given up: {self._given_up[ref.location]}",
-                                 repeat=True)
-        try:
-            video = self._open_video(ref)
-            image = video.read(ref.source_index)
-        except StreamError as error:
-            self._given_up[ref.location] = error.reason
-            self.close()
-            error.item = ref.item
-            raise
-        return Frame(ref, image, (image.shape[0], image.shape[1]), 1, video.info)
 
-    def _open_video(self, ref: FrameRef) -> VideoReader:
-        if self._video is not None and self._video.location == ref.location:
-            return self._video
-        self.close()
-        self._video = VideoReader(ref.location, _item_name(ref), self._vid_stride, self._streams, ref.item,
-                                  self._opener)
-        return self._video
+def open_share(plan: FramePlan, worker: int = 0, workers: int = 1, start: int = 0, *,
+               decode: DecodeOptions | None = None, streams: StreamOptions | None = None, seed: int = 0):
+    """The reader of one worker's share: the ``share_reader`` of the kind that recognised the
+    plan's source (a feed's :class:`inputs.feed.FeedReader`), else a :class:`ShareReader`."""
+    kind = source_kind(plan.source)
+    if kind is not None and kind.share_reader is not None:
+        frames = FrameReader(seed, decode, streams, plan.vid_stride)
+        return kind.share_reader(plan, worker, workers, start, frames=frames)
+    return ShareReader(plan, worker, workers, start, decode=decode, streams=streams, seed=seed)
 
 
 class ShareReader:
@@ -146,10 +129,8 @@ class ShareReader:
             raise ValueError(f"expected start to be an int in [0, {limit if limit is not None else 'inf'}], "
                              f"got {start!r}")
         self._position = start
-        self._streams = streams or StreamOptions()
-        self._opener = opener
-        self._frames = FrameReader(seed, decode, self._streams, plan.vid_stride, opener)
-        self._live: dict[int, LiveStream] = {}
+        self._frames = FrameReader(seed, decode, streams, plan.vid_stride, opener)
+        self._live: dict[int, Any] = {}  # item -> its open live stream (see InputKind.open_live)
         self._finished: list[StreamStats] = []
         self._given_up: dict[int, str] = {}
         resumed = max(0, start - len(self._ids))  # live frames read before a restart
@@ -179,7 +160,8 @@ class ShareReader:
         if self._position < len(self._ids):
             ref = self._plan.ref(self._ids[self._position])
             try:
-                frame = self._read_planned_live(ref) if ref.kind == "stream" else self._frames.read_frame(ref)
+                live = input_kind(ref.kind).live
+                frame = self._read_planned_live(ref) if live else self._frames.read_frame(ref)
             except FrameReadError:
                 self._position += 1
                 raise
@@ -210,11 +192,14 @@ class ShareReader:
             self._close_stream(item)
         self._frames.close()
 
-    def _stream(self, item: int) -> LiveStream:
+    def _stream(self, item: int):
         if item not in self._live:
             source = self._plan.items[item]
-            self._live[item] = LiveStream(source.location, source.name, self._plan.vid_stride, self._streams, item,
-                                          self._opener)
+            kind = input_kind(source.kind)
+            if kind.open_live is None:
+                raise ValueError(f"expected a live kind that opens its items, got {kind.name!r} for {source.name} "
+                                 "(read by its source's own reader: open_share)")
+            self._live[item] = kind.open_live(source, item, self._frames)
         return self._live[item]
 
     def _close_stream(self, item: int) -> None:

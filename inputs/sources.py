@@ -3,7 +3,8 @@
 Sources (:func:`plan_frames`):
 
 - ``"synthetic"``: ``synthetic_count`` generated scenes (:mod:`inputs.synthetic`).
-- an image file (:data:`IMAGE_EXTENSIONS`) or a video file (:data:`VIDEO_EXTENSIONS`).
+- an image file (:data:`inputs.kinds.IMAGE_EXTENSIONS`) or a video file
+  (:data:`inputs.kinds.VIDEO_EXTENSIONS`), or a file of another input kind's extensions.
 - a directory, searched recursively, following directory symlinks (a directory reached twice,
   e.g. through a symlink loop, is listed once). Images are images and videos are read frame by
   frame. Files whose extension is neither an image's nor a video's (a YOLO dataset's
@@ -30,12 +31,18 @@ Sources (:func:`plan_frames`):
   caller gives ``StreamOptions.download_dir`` (see :mod:`inputs.downloads`).
   Other schemes (rtsp, rtmp, ...) are live streams and are not opened here.
 
+- a source string an input kind registered from a plugin recognises (:mod:`inputs.kinds`): its
+  items as that kind plans them. The input kinds are asked first, in the order registered
+  (``"synthetic"``, a camera index and ``feed:DIR`` are the tree's own), then a URL, a glob and
+  a path are tried.
+
 A source that names nothing usable (a missing path, an empty directory, an unsupported or
 unopenable single file, a glob that matches nothing) is a :class:`ValueError`.
 
 :func:`plan_frames` turns a source into a :class:`~inputs.plans.FramePlan` (frame ids and worker
 shares: see :mod:`inputs.plans`); :class:`~inputs.reader.ShareReader` reads one worker's share.
-``FrameReader``, ``FrameReadError`` and ``FrameRef`` are re-exported for existing callers.
+``FrameReader``, ``FrameReadError``, ``FrameRef`` and ``SYNTHETIC_SOURCE`` are re-exported for
+existing callers.
 """
 
 from __future__ import annotations
@@ -43,24 +50,20 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+from inputs.builtin_kinds import broken_item as _broken, camera_items, video_item
 from inputs.downloads import download, probe_ranges
-from inputs.feed import feed_items, is_feed
-from inputs.frames import FrameReadError, FrameRef
-from inputs.plans import FramePlan, SourceItem, plan_lengths
+from inputs.frames import FrameReadError, FrameRef, SourceItem
+from inputs.kinds import Planning, file_extensions, file_kind, input_kinds, source_kind
+from inputs.plans import FramePlan, plan_lengths
 from inputs.reader import FrameReader, ShareReader
-from inputs.streams import FILE_URL_SCHEMES, StreamOptions, is_camera, is_url, probe_video, stream_name, url_name
+from inputs.streams import FILE_URL_SCHEMES, StreamOptions, is_camera, is_url, url_name
+from inputs.synthetic import SYNTHETIC_SOURCE
 
-__all__ = ["FramePlan", "FrameReadError", "FrameReader", "FrameRef", "ShareReader", "SourceItem", "plan_frames"]
+__all__ = ["FramePlan", "FrameReadError", "FrameReader", "FrameRef", "ShareReader", "SourceItem", "plan_frames",
+           "SYNTHETIC_SOURCE"]
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
-VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg"})
 LIST_EXTENSIONS = frozenset({".txt"})
-SYNTHETIC_SOURCE = "synthetic"
 GLOB_CHARS = frozenset("*?[")
-
-
-def _broken(location: str, name: str, reason: str) -> SourceItem:
-    return SourceItem("broken", location, name, 1, reason=reason)
 
 
 def _relative_name(path: str, root: str) -> str:
@@ -72,35 +75,25 @@ def _relative_name(path: str, root: str) -> str:
     return name
 
 
-def _video_item(location: str, name: str, vid_stride: int, options: StreamOptions) -> SourceItem:
-    info = probe_video(location, vid_stride, options)
-    if info is None:
-        what = f"cannot open URL (open timeout {options.open_timeout_ms} ms)" if is_url(location) else "cannot open video"
-        return _broken(location, name, what)
-    if info.frames is None:
-        if is_url(location):
-            return SourceItem("stream", location, name, None)  # an http stream of unknown length: live
-        return _broken(location, name, "video with an unknown frame count")
-    return SourceItem("video", location, name, info.frames, video=info)
-
-
-def _url_item(url: str, vid_stride: int, options: StreamOptions) -> SourceItem:
+def _url_item(url: str, planning: Planning) -> SourceItem:
     if url.partition("://")[0].lower() not in FILE_URL_SCHEMES:
         return SourceItem("stream", url, url_name(url), None)
+    options = planning.streams
     probe = probe_ranges(url, options.open_timeout_ms / 1000) if options.download_dir else None
     if probe is None or not probe.must_download:
-        return _video_item(url, url_name(url), vid_stride, options)
+        return video_item(url, url_name(url), planning)
     try:
         path = download(url, options.download_dir, probe.length, options.read_timeout_ms / 1000)
     except OSError as exc:
         return _broken(url, url_name(url), f"the server does not answer Range requests, so the video is downloaded "
                                            f"first, and that failed: {exc}")
-    item = _video_item(path, url_name(url), vid_stride, options)
+    item = video_item(path, url_name(url), planning)
     return item if item.kind != "broken" else dataclasses.replace(item, location=url)
 
 
-def _file_item(path: str, root: str, vid_stride: int, options: StreamOptions) -> SourceItem:
-    """The item of one directory entry, glob match or list line naming a file."""
+def _file_item(path: str, root: str, planning: Planning) -> SourceItem:
+    """The item of one directory entry, glob match or list line naming a file: as the input
+    kind that reads its extension makes it (inputs.kinds), else a broken entry."""
     name = _relative_name(path, root)
     if os.path.islink(path) and not os.path.exists(path):
         return _broken(path, name, f"broken symlink -> {os.readlink(path)}")
@@ -111,20 +104,19 @@ def _file_item(path: str, root: str, vid_stride: int, options: StreamOptions) ->
     if not os.access(path, os.R_OK):
         return _broken(path, name, "unreadable file (permission denied)")
     extension = os.path.splitext(path)[1].lower()
-    if extension in IMAGE_EXTENSIONS:
-        return SourceItem("image", path, name, 1)
-    if extension in VIDEO_EXTENSIONS:
-        return _video_item(path, name, vid_stride, options)
+    kind = file_kind(extension)
+    if kind is not None:
+        return kind.file_item(path, name, planning) if kind.file_item else SourceItem(kind.name, path, name, 1)
     suffix = " (a list is read only as the source itself)" if extension in LIST_EXTENSIONS else ""
     return _broken(path, name, f"unsupported file type {extension or '(no extension)'}{suffix}")
 
 
-def _walk(directory: str, root: str, vid_stride: int, options: StreamOptions
-          ) -> tuple[list[SourceItem], list[str], int]:
+def _walk(directory: str, root: str, planning: Planning) -> tuple[list[SourceItem], list[str], int]:
     """The items under ``directory`` sorted by name, notes on what was left out, and how many
     files were left out for not being images or videos."""
     items, skipped, hidden, not_media = [], [], 0, {}
     seen = {os.path.realpath(directory)}
+    media = file_extensions()
 
     def unlistable(error: OSError) -> None:
         items.append(_broken(error.filename, _relative_name(error.filename, root),
@@ -146,10 +138,10 @@ def _walk(directory: str, root: str, vid_stride: int, options: StreamOptions
             extension = os.path.splitext(name)[1].lower()
             if name.startswith("."):
                 hidden += 1
-            elif extension not in IMAGE_EXTENSIONS and extension not in VIDEO_EXTENSIONS:
+            elif extension not in media:
                 not_media[extension or "(no extension)"] = not_media.get(extension or "(no extension)", 0) + 1
             else:
-                items.append(_file_item(os.path.join(folder, name), root, vid_stride, options))
+                items.append(_file_item(os.path.join(folder, name), root, planning))
     where = _relative_name(directory, root)
     if hidden:
         skipped.append(f"{hidden} hidden entries (names starting with '.') under {where}")
@@ -170,13 +162,13 @@ def _glob_root(pattern: str) -> str:
     return os.sep.join(fixed) or os.sep
 
 
-def _glob_items(pattern: str, root: str, vid_stride: int, options: StreamOptions) -> list[SourceItem]:
+def _glob_items(pattern: str, root: str, planning: Planning) -> list[SourceItem]:
     matches = {os.path.abspath(p) for p in glob.glob(pattern, recursive=True)}
     files = [p for p in matches if not os.path.isdir(p)]
-    return sorted((_file_item(p, root, vid_stride, options) for p in files), key=lambda item: item.name)
+    return sorted((_file_item(p, root, planning) for p in files), key=lambda item: item.name)
 
 
-def _list_items(path: str, vid_stride: int, options: StreamOptions) -> tuple[list[SourceItem], list[str], int]:
+def _list_items(path: str, planning: Planning) -> tuple[list[SourceItem], list[str], int]:
     """The items of a ``.txt`` list, in its order."""
     root = os.path.dirname(path)
     try:
@@ -187,59 +179,54 @@ def _list_items(path: str, vid_stride: int, options: StreamOptions) -> tuple[lis
     items, skipped, not_media = [], [], 0
     for entry in (line for line in lines if line and not line.startswith("#")):
         if is_camera(entry):
-            items.append(SourceItem("stream", entry, stream_name(entry), None))
+            items.extend(camera_items(entry, planning))
             continue
         if is_url(entry):
-            items.append(_url_item(entry, vid_stride, options))
+            items.append(_url_item(entry, planning))
             continue
         target = os.path.join(root, os.path.expanduser(entry))
         if GLOB_CHARS & set(entry) and not os.path.exists(target):
-            matched = _glob_items(target, root, vid_stride, options)
+            matched = _glob_items(target, root, planning)
             items.extend(matched or [_broken(target, _relative_name(target, root), "glob matched no file")])
         elif os.path.isdir(target):
-            found, notes, left_out = _walk(target, root, vid_stride, options)
+            found, notes, left_out = _walk(target, root, planning)
             items.extend(found or [_broken(target, _relative_name(target, root), "directory holds no entry")])
             skipped.extend(notes)
             not_media += left_out
         else:
-            items.append(_file_item(os.path.abspath(target), root, vid_stride, options))
+            items.append(_file_item(os.path.abspath(target), root, planning))
     if not items:
         raise ValueError(f"expected list file {path!r} to name at least one source, got none")
     return items, skipped, not_media
 
 
-def _single_file_items(path: str, vid_stride: int, options: StreamOptions) -> list[SourceItem]:
+def _single_file_items(path: str, planning: Planning) -> list[SourceItem]:
     extension = os.path.splitext(path)[1].lower()
-    item = _file_item(path, os.path.dirname(path), vid_stride, options)
-    if item.kind == "broken" and (extension in IMAGE_EXTENSIONS or extension in VIDEO_EXTENSIONS):
+    item = _file_item(path, os.path.dirname(path), planning)
+    if item.kind == "broken" and file_kind(extension) is not None:
         raise ValueError(f"expected an image or a video OpenCV can open, got {path!r}: {item.reason}")
     if item.kind == "broken":
-        raise ValueError(
-            f"expected an image ({', '.join(sorted(IMAGE_EXTENSIONS))}), video "
-            f"({', '.join(sorted(VIDEO_EXTENSIONS))}) or list ({', '.join(sorted(LIST_EXTENSIONS))}) file, "
-            f"got extension {extension!r} in {path!r}")
+        files = ", ".join(f"{kind.name} ({', '.join(sorted(kind.extensions))})" for kind in input_kinds()
+                          if kind.extensions)
+        raise ValueError(f"expected an {files} or list ({', '.join(sorted(LIST_EXTENSIONS))}) file, "
+                         f"got extension {extension!r} in {path!r}")
     return [item]
 
 
-def _discover(source: str, synthetic_count: int, vid_stride: int, options: StreamOptions
-              ) -> tuple[list[SourceItem], str, list[str], int]:
-    """``(items, root, skipped, skipped_files)`` of ``source``; names are relative to ``root``."""
-    if source == SYNTHETIC_SOURCE:
-        if isinstance(synthetic_count, bool) or not isinstance(synthetic_count, int) or synthetic_count <= 0:
-            raise ValueError(f"expected synthetic_count to be an int > 0, got {synthetic_count!r}")
-        return [SourceItem("synthetic", "", f"synthetic/{i:05d}.jpg", 1) for i in range(synthetic_count)], "", [], 0
-    if is_camera(source):
-        return [SourceItem("stream", source, stream_name(source), None)], "", [], 0
-    if is_feed(source):
-        return feed_items(source), "", [], 0
+def _discover(source: str, planning: Planning) -> tuple[list[SourceItem], str, list[str], int]:
+    """``(items, root, skipped, skipped_files)`` of ``source``; names are relative to ``root``.
+    A source an input kind recognises is that kind's to plan; the rest are URLs and paths."""
+    kind = source_kind(source)
+    if kind is not None:
+        return kind.plan(source, planning), "", [], 0
     if is_url(source):
-        item = _url_item(source, vid_stride, options)
+        item = _url_item(source, planning)
         if item.kind == "broken":
             raise ValueError(f"expected a URL OpenCV can open, got {item.name}: {item.reason}")
         return [item], "", [], 0
     if GLOB_CHARS & set(source) and not os.path.exists(source):
         root = _glob_root(source)
-        items = _glob_items(source, root, vid_stride, options)
+        items = _glob_items(source, root, planning)
         if not items:
             raise ValueError(f"expected glob {source!r} to match files, got none")
         return items, root, [], 0
@@ -250,15 +237,15 @@ def _discover(source: str, synthetic_count: int, vid_stride: int, options: Strea
         raise ValueError(f"expected {SYNTHETIC_SOURCE!r}, a directory, an image, a video, a list, a glob, a URL "
                          f"or a camera index, got nonexistent path {source!r}")
     if os.path.isdir(path):
-        items, skipped, not_media = _walk(path, path, vid_stride, options)
+        items, skipped, not_media = _walk(path, path, planning)
         if not items:
             raise ValueError(f"expected directory {source!r} to contain images or videos, got none"
                              + (f" ({'; '.join(skipped)})" if skipped else ""))
         return items, path, skipped, not_media
     if os.path.splitext(path)[1].lower() in LIST_EXTENSIONS:
-        items, skipped, not_media = _list_items(path, vid_stride, options)
+        items, skipped, not_media = _list_items(path, planning)
         return items, os.path.dirname(path), skipped, not_media
-    return _single_file_items(path, vid_stride, options), os.path.dirname(path), [], 0
+    return _single_file_items(path, planning), os.path.dirname(path), [], 0
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -287,6 +274,7 @@ def plan_frames(source: str, frames: int | None = None, synthetic_count: int = 6
     if frames is not None:
         _check_int("frames", frames, 1)
     _check_int("vid_stride", vid_stride, 1)
-    items, root, skipped, not_media = _discover(source, synthetic_count, vid_stride, streams or StreamOptions())
+    planning = Planning(vid_stride, streams or StreamOptions(), synthetic_count)
+    items, root, skipped, not_media = _discover(source, planning)
     lengths, total = plan_lengths(items, frames)
     return FramePlan(source, tuple(items), tuple(lengths), total, vid_stride, root, tuple(skipped), not_media)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+SYNTHETIC_SOURCE = "synthetic"  # the source of synthetic_count generated scenes
 SYNTHETIC_SHAPES = ((480, 640), (720, 1280), (1080, 810), (375, 500), (1080, 1920), (640, 640))
 SYNTHETIC_SHAPE_COUNT = 8
 SYNTHETIC_NOISE_SCALE = 4  # background and grain are drawn at 1/4 size, then upscaled

@@ -12,6 +12,7 @@ import time
 from tqdm import tqdm
 
 from analysis.printable import PrintableFormatter
+from backends.registry import backend_spec
 from settings.config import RunConfig
 from yolo.precision import choose_precision
 from yolo.presets import MODEL_FREE
@@ -114,7 +115,6 @@ def model_words(cfg: RunConfig) -> str:
         return "no model (--preset none)"
     model = os.path.basename(cfg.weights) if cfg.weights else f"random-weight {cfg.preset}"
     precision = choose_precision(cfg.devices[0] if cfg.devices else cfg.device, cfg.half)
-    if cfg.backend == "openvino":
-        return f"{model} in {precision} (OpenVINO)"
-    autocast = " autocast" if precision == "bf16" else ""
-    return f"{model} in {precision}{autocast} (PyTorch eager)"
+    spec = backend_spec(cfg.backend)
+    autocast = " autocast" if precision == "bf16" and spec.autocast else ""
+    return f"{model} in {precision}{autocast} ({spec.title})"

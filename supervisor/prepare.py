@@ -31,8 +31,6 @@ MAX_NAME_SUFFIX = 10000  # exp, exp2, ... exp9999, as Ultralytics' increment_pat
 RUN_OUTPUT_DIRS = ("images", "videos", "labels", "crops")
 RUN_OUTPUT_FILES = ("report.json", "report.md", "modules.csv", "detections.json", "predictions.json", "trace.json",
                     "run.log", "plots.png", "latency.png", "timeline.png", "modules.png", "resources.png")
-PROBED_FILES = 64  # image headers read to size the slots
-HEADER_BYTES = 1 << 16  # enough of a file for its width and height
 MAX_SLOT_ORIGINAL_PIXELS = 3840 * 2160  # a larger original travels in its message instead
 SHM_FILL = 0.8  # the rings may take this share of the free shared memory; the rest for restarts' rings
 
@@ -168,8 +166,8 @@ DURATION_FPS_CEILING = 10_000
 def plan_source(cfg: RunConfig, download_dir: str = ""):
     """The frame plan; with --duration over a finite source, enough looped frames to outlast it.
     A video URL whose server cannot seek is downloaded into ``download_dir`` (see inputs.downloads)."""
-    from inputs.feed import is_feed
     from inputs.imageio import set_opencv_pixel_limit
+    from inputs.kinds import source_kind
     from inputs.sources import plan_frames
     from inputs.streams import StreamOptions
     set_opencv_pixel_limit(cfg.max_pixels)  # before any stage loads OpenCV: it reads the limit at import
@@ -182,9 +180,12 @@ def plan_source(cfg: RunConfig, download_dir: str = ""):
                                vid_stride=cfg.vid_stride, streams=streams)
     except ValueError as exc:
         raise ConfigError(f"config source: {exc}") from None
-    if is_feed(plan.source) and cfg.pre_workers != len(plan.items):
-        raise ConfigError(f"config source: a feed of {len(plan.items)} files needs --pre-workers {len(plan.items)} "
-                          f"(one reader per file), got {cfg.pre_workers}")
+    kind = source_kind(plan.source)
+    if kind is not None and kind.check_workers is not None:  # a feed: one reader per file
+        try:
+            kind.check_workers(plan, cfg.pre_workers)
+        except ValueError as exc:
+            raise ConfigError(f"config source: {exc}") from None
     return plan
 
 
@@ -273,23 +274,14 @@ def ring_frames(cfg: RunConfig) -> int:
 
 
 def _largest_frame_hw(plan) -> tuple[int, int]:
-    """The largest frame the plan's items hold, from what planning probed (videos), the
-    synthetic scenes, and the headers of up to PROBED_FILES images."""
-    from inputs.synthetic import SYNTHETIC_SHAPES
+    """The largest frame the plan's items hold, as each input kind tells the sizes of its items
+    (videos: what planning probed; images: the headers of the first few; synthetic scenes)."""
+    from inputs.kinds import input_kind
     sizes = [DEFAULT_ORIGINAL_HW]
-    images = [item.location for item in plan.items if item.kind == "image"][:PROBED_FILES]
-    sizes += [hw for hw in map(_image_hw, images) if hw is not None]
-    sizes += [(item.video.height, item.video.width) for item in plan.items if item.video is not None]
-    if any(item.kind == "synthetic" for item in plan.items):
-        sizes += list(SYNTHETIC_SHAPES)
+    by_kind: dict[str, list] = {}
+    for item in plan.items:
+        by_kind.setdefault(item.kind, []).append(item)
+    for name, items in by_kind.items():
+        frame_sizes = input_kind(name).frame_sizes
+        sizes += frame_sizes(items) if frame_sizes is not None else []
     return max(sizes, key=lambda hw: hw[0] * hw[1])
-
-
-def _image_hw(path: str) -> tuple[int, int] | None:
-    from inputs.imageio import image_size
-    try:
-        with open(path, "rb") as f:
-            size = image_size(f.read(HEADER_BYTES))
-    except OSError:
-        return None  # unreadable files are failed frames later; they do not size the slots
-    return (size[1], size[0]) if size else None

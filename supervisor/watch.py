@@ -14,6 +14,7 @@ import time
 from supervisor.console import Console
 from supervisor.health import Health
 from supervisor.processes import Launcher
+from inputs.kinds import input_kind
 from topology.stages import frame_roles, index_of, kind_of, role_of, sink_role, source_role
 from supervisor.signals import Interrupts
 from collector.journal import Resume
@@ -146,7 +147,7 @@ class Watch:
         """Restarts left, the run not stopping, and no annotated video being written (a video file
         cut by its writer's death cannot be continued, and the frames it held keep their slots)."""
         plan = self.launcher.template.plan
-        videos = self.cfg.save_every > 0 and any(item.kind in ("video", "stream") for item in plan.items)
+        videos = self.cfg.save_every > 0 and any(input_kind(item.kind).video for item in plan.items)
         return self.phase in ("running", "draining") and not videos and \
             self.restarts.get(sink_role(), 0) < self.cfg.max_restarts
 

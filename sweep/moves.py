@@ -4,15 +4,14 @@ analysis of its latest trial, the changes worth a trial, best first."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from analysis.machine import Machine
+from backends.registry import DEFAULT_BACKEND, sweep_alternatives
 from settings.config import flag_of
+from sweep.measurement import Measurement
 from topology.stages import frame_roles, title
-
-if TYPE_CHECKING:  # the trial's analysis; sweep.search imports this module
-    from sweep.search import Measurement
 
 IDLE_UTILISATION = 0.50  # a stage busy less than this is idle enough to lose a worker
 CORES_SATURATED = 0.90  # as analysis.bottleneck: from here more processes only time-slice the cores
@@ -35,7 +34,7 @@ class Settings:
     infer_threads: int
     batch_size: int
     half: bool = False  # fp16 on CUDA, bf16 on a CPU that computes it natively
-    backend: str = "torch"  # or "openvino" (CPU only)
+    backend: str = DEFAULT_BACKEND  # or another of backends.registry
 
     @classmethod
     def of(cls, cfg) -> Settings:
@@ -50,10 +49,10 @@ class Settings:
             + ([flag_of("half")] if self.half else [])  # last: a bare switch
 
     def label(self) -> str:
-        """"2/2x1/2 b1": pre / infer workers x threads / post, batch size; " openvino" on that
-        backend; " half" with --half."""
+        """"2/2x1/2 b1": pre / infer workers x threads / post, batch size; " openvino" on a backend
+        other than the default; " half" with --half."""
         return (f"{self.pre_workers}/{self.infer_workers}x{self.infer_threads}/{self.post_workers} "
-                f"b{self.batch_size}" + ("" if self.backend == "torch" else f" {self.backend}")
+                f"b{self.batch_size}" + ("" if self.backend == DEFAULT_BACKEND else f" {self.backend}")
                 + (" half" if self.half else ""))
 
     def change_from(self, other: Settings) -> str:
@@ -122,19 +121,22 @@ def _half(s: Settings, machine: Machine, why: str) -> Move | None:
                 f"{why}: {what}, less inference time per frame (detections change slightly)")
 
 
-def _openvino(s: Settings, machine: Machine, why: str) -> Move | None:
-    """--backend openvino where it can run: installed, and inference on the CPU."""
-    if s.backend != "torch" or machine.on_cuda or not machine.openvino:
-        return None
-    return Move(("backend", +1), dataclasses.replace(s, backend="openvino"),
-                f"{why}: OpenVINO's forward, less inference CPU per frame (the model converted once, cached)")
+def _backends(s: Settings, machine: Machine, ready: Collection[str], why: str) -> list[Move | None]:
+    """--backend NAME from the default backend, for each backend the sweep tries (its spec's
+    ``sweep`` says why) that runs on this device type and is ``ready`` here (installed, and
+    what it prepares once, such as OpenVINO's converted model, already there)."""
+    if s.backend != DEFAULT_BACKEND:
+        return []
+    return [Move(("backend", +1), dataclasses.replace(s, backend=spec.name), f"{why}: {spec.sweep}")
+            for spec in sweep_alternatives("cuda" if machine.on_cuda else "cpu") if spec.name in ready]
 
 
 def _worker_field(role: str) -> str:
     return f"{role}_workers"
 
 
-def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
+def saturated_moves(s: Settings, m: Measurement, machine: Machine, backends: Collection[str] = ()
+                    ) -> list[Move | None]:
     """The cores are the limit: less CPU per frame, never more processes or threads."""
     moves: list[Move | None] = []
     for role in frame_roles():
@@ -143,7 +145,7 @@ def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move 
         if count > machine.cores:
             moves.append(_shrink(s, _worker_field(role), f"cores saturated and {count} {_stage_name(role)} "
                                                          f"processes/threads on {machine.cores} cores"))
-    moves.append(_openvino(s, machine, "cores saturated"))
+    moves += _backends(s, machine, backends, "cores saturated")
     moves.append(_half(s, machine, "cores saturated"))
     moves.append(_grow(s, "batch_size", machine, "cores saturated: fewer forwards and messages per frame"))
     idle = sorted((r for r in frame_roles() if r != m.bottleneck and _util(m, r) < IDLE_UTILISATION), key=lambda r: _util(m, r))
@@ -158,7 +160,8 @@ def saturated_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move 
     return moves
 
 
-def stage_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | None]:
+def stage_moves(s: Settings, m: Measurement, machine: Machine, backends: Collection[str] = ()
+                ) -> list[Move | None]:
     """One stage is the limit and cores are to spare: grow that stage."""
     role = m.bottleneck
     why = f"{_stage_name(role)} busy {100 * _util(m, role):.0f} % with cores to spare"
@@ -167,7 +170,7 @@ def stage_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | No
     if machine.on_cuda:
         return [_grow(s, "batch_size", machine, why + ": fuller GPU forwards"), _half(s, machine, why),
                 _grow(s, "infer_workers", machine, why)]
-    return [_grow(s, "infer_workers", machine, why), _openvino(s, machine, why), _half(s, machine, why),
+    return [_grow(s, "infer_workers", machine, why), *_backends(s, machine, backends, why), _half(s, machine, why),
             _grow(s, "infer_threads", machine, why),
             _grow(s, "batch_size", machine, why + ": fewer forwards per frame")]
 
@@ -183,17 +186,18 @@ def flow_moves(s: Settings, m: Measurement, machine: Machine) -> list[Move | Non
 
 
 def propose(incumbent: Settings, analysis: Measurement, machine: Machine,
-            repeat: tuple[str, int] | None = None) -> list[Move]:
+            repeat: tuple[str, int] | None = None, backends: Collection[str] = ()) -> list[Move]:
     """The moves worth a trial from ``incumbent``, best first, as its latest trial's analysis
     (``analysis``) names them; a move with key ``repeat`` (the last one that paid) goes first
-    when the analysis still names it."""
+    when the analysis still names it. ``backends``: the backends other than the default that a
+    trial may use here (see ``backends.registry.ready_for_sweep``)."""
     saturated = analysis.limit == "cores" or (analysis.cpu_saturation or 0.0) >= CORES_SATURATED
     if analysis.bottleneck is None or analysis.limit in ("unmeasured", "source"):  # nothing here to move
         return []
     if saturated:
-        moves = saturated_moves(incumbent, analysis, machine)
+        moves = saturated_moves(incumbent, analysis, machine, backends)
     elif analysis.limit == "stage":
-        moves = stage_moves(incumbent, analysis, machine)
+        moves = stage_moves(incumbent, analysis, machine, backends)
     else:
         moves = flow_moves(incumbent, analysis, machine)
     unique: dict[Settings, Move] = {}

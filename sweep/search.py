@@ -33,11 +33,11 @@ import logging
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from topology.stages import frame_roles
 from supervisor import exit_codes
+from sweep.measurement import Measurement  # noqa: F401 (re-exported)
 from sweep.moves import SWEPT, Machine, Move, Settings, propose  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -49,47 +49,6 @@ FIRST_TRIAL_EXTRA_S = 8.0  # the first trial also imports torch in the fork serv
 TRIAL_OVERHEAD_S = 5.0  # process start-up and the final report of a trial, before any was timed
 WRAP_UP_S = 2.0  # kept free at the end of the budget: sweep.csv, sweep.json, sweep.png
 FINAL_CHECK_TRIALS = 2  # the defaults and the best once more, back to back: budgeted before any other step
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """What one trial's run reported (its summary), or why it measured nothing."""
-
-    fps: float | None
-    latency_p50_ms: float | None = None
-    latency_p95_ms: float | None = None
-    cpu_ms_per_frame: float | None = None
-    cpu_saturation: float | None = None
-    bound_fps: float | None = None
-    bound_kind: str | None = None
-    bottleneck: str | None = None
-    limit: str | None = None
-    hint: str = ""
-    stable: bool = False
-    stable_reason: str | None = None
-    utilisation: dict[str, float] = field(default_factory=dict)
-    exit_code: int = 0
-    error: str | None = None
-    run_dir: str | None = None
-
-    @classmethod
-    def from_summary(cls, summary: dict | None, exit_code: int, run_dir: str | None,
-                     error: str | None = None) -> Measurement:
-        if not summary:
-            return cls(fps=None, exit_code=exit_code, error=error or "the run wrote no summary", run_dir=run_dir)
-        stages = summary.get("stages") or {}
-        return cls(fps=summary.get("fps"), latency_p50_ms=summary.get("latency_p50_ms"),
-                   latency_p95_ms=summary.get("latency_p95_ms"), cpu_ms_per_frame=summary.get("cpu_ms_per_frame"),
-                   cpu_saturation=summary.get("cpu_saturation"), bound_fps=summary.get("bound_fps"),
-                   bound_kind=summary.get("bound_kind"), bottleneck=summary.get("bottleneck"),
-                   limit=summary.get("limit"), hint=summary.get("hint") or "", stable=bool(summary.get("stable")),
-                   stable_reason=summary.get("stable_reason"),
-                   utilisation={role: stages[role]["utilisation"] for role in frame_roles() if role in stages},
-                   exit_code=exit_code, error=error if exit_code else None, run_dir=run_dir)
-
-    @property
-    def ok(self) -> bool:
-        return self.fps is not None and self.exit_code == 0
 
 
 @dataclass
@@ -161,16 +120,19 @@ MeasureFn = Callable[[Settings, int], Measurement]  # (settings, trial index) ->
 class Sweep:
     """The search (see the module's docstring). ``measure`` runs one trial; ``clock`` is wall
     seconds (a fake one in tests); ``trial_s`` is each trial's time-box, used to estimate the
-    cost of a trial before one has been timed."""
+    cost of a trial before one has been timed; ``backends`` are the backends other than the
+    default that trials may move to here (see ``sweep.moves.propose``)."""
 
     def __init__(self, measure: MeasureFn, machine: Machine, budget_s: float, trial_s: float,
                  threshold: float = GAIN_THRESHOLD, clock: Callable[[], float] = time.perf_counter,
-                 on_trial: Callable[[Trial], None] | None = None, started_s: float | None = None):
+                 on_trial: Callable[[Trial], None] | None = None, started_s: float | None = None,
+                 backends: tuple[str, ...] = ()):
         if budget_s <= 0:
             raise ValueError(f"sweep: expected a budget > 0 s, got {budget_s}")
         if threshold <= 0:
             raise ValueError(f"sweep: expected a gain threshold > 0, got {threshold}")
         self.measure, self.machine, self.budget_s, self.trial_s = measure, machine, budget_s, trial_s
+        self.backends = backends
         self.threshold, self.clock, self.on_trial = threshold, clock, on_trial or (lambda trial: None)
         self.trials: list[Trial] = []
         self.incumbent: Settings | None = None
@@ -244,7 +206,7 @@ class Sweep:
         repeat = None
         while True:
             analysis = self._latest(self.incumbent).measurement
-            moves = [mv for mv in propose(self.incumbent, analysis, self.machine, repeat)
+            moves = [mv for mv in propose(self.incumbent, analysis, self.machine, repeat, self.backends)
                      if mv.settings not in self.measured()]
             if moves:
                 if not self.fits(1):

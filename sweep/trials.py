@@ -11,7 +11,6 @@ trials' length (default ``DEFAULT_TRIAL_S``) and ``--frames`` is not used by the
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 
 from analysis.atomic import write_bytes_atomic
 from analysis.report import json_safe
+from backends.registry import ready_for_sweep, sweep_alternatives
 from topology.stages import title
 from sweep.search import (FIRST_TRIAL_EXTRA_S, SWEPT, TRIAL_OVERHEAD_S, Measurement, Settings, Sweep,
                             SweepInterrupted, SweepResult, Trial)
@@ -133,19 +133,14 @@ def log_trial(trial: Trial) -> None:
              m.fps, m.latency_p50_ms or 0.0, neck, "stable" if m.stable else "not stable", trial.verdict)
 
 
-def openvino_can_run(cfg: RunConfig) -> bool:
-    """Whether a trial may move to --backend openvino (the sweep's Machine adds: on the CPU): the
-    package is installed and the model's conversion is already cached. Converting takes tens of
-    seconds, which one trial would spend out of the budget; one run with --backend openvino
-    converts it for every later sweep."""
-    if importlib.util.find_spec("openvino") is None or (cfg.preset == MODEL_FREE and not cfg.weights):
-        return False
-    from backends.openvino import cached_model_path
-    if cached_model_path(cfg.weights or None, preset=cfg.preset, fuse=cfg.fuse) is None:
-        log.info("sweep: --backend openvino is not tried: its converted model is not cached yet (one run with "
-                 "--backend openvino converts it)")
-        return False
-    return True
+def sweep_backends(cfg: RunConfig, device_type: str) -> tuple[str, ...]:
+    """The backends other than the default that a trial may move to (backends.registry): none
+    for a run without a model; else those the sweep tries on this device type that are ready
+    now (OpenVINO: installed, its converted model already cached)."""
+    if cfg.preset == MODEL_FREE and not cfg.weights:
+        return ()
+    options = cfg.backend_options(cfg.devices[0], "fp32", cfg.infer_threads)
+    return tuple(spec.name for spec in sweep_alternatives(device_type) if ready_for_sweep(spec.name, options))
 
 
 def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequest,
@@ -156,8 +151,8 @@ def run_sweep(given: RunConfig, resolved: RunConfig, machine, request: SweepRequ
     log.info("sweep %s: %g s budget, %g s trials, from %s", sweep_dir, request.budget_s, request.trial_s,
              Settings.of(resolved).label())
     trials = LiveTrials(given, sweep_dir, request.trial_s, download_dir)
-    sweep = Sweep(trials, dataclasses.replace(machine, openvino=openvino_can_run(resolved)), request.budget_s,
-                  request.trial_s, on_trial=log_trial, started_s=started_s)
+    sweep = Sweep(trials, machine, request.budget_s, request.trial_s, on_trial=log_trial, started_s=started_s,
+                  backends=sweep_backends(resolved, machine.device_type))
     result = sweep.run(Settings.of(resolved))
     command, config_saved, failed = None, None, {}
     if result.best is not None:

@@ -16,6 +16,7 @@ import pytest
 
 from inputs.feed import END, FEED_PREFIX, FeedEntry, FeedReader, FeedWaiting, feed_path
 from inputs.frames import FrameReadError
+from inputs.reader import open_share
 from inputs.sources import plan_frames
 from supervisor.prepare import plan_source
 from tests.media import grey_level, write_video
@@ -35,21 +36,22 @@ def append(folder, reader: int, data: bytes) -> None:
         f.write(data)
 
 
-def test_a_feed_plans_one_open_ended_stream_per_file_and_needs_its_first_file(tmp_path):
+def test_a_feed_plans_one_open_ended_live_item_per_file_and_needs_its_first_file(tmp_path):
     folder, plan = make_feed(tmp_path, readers=3)
-    assert plan.open_ended and [item.kind for item in plan.items] == ["stream"] * 3
+    assert plan.open_ended and [item.kind for item in plan.items] == ["feed"] * 3
     assert [plan.worker_streams(w, 3) for w in range(3)] == [(0,), (1,), (2,)]
     with pytest.raises(ValueError, match="0.jsonl"):
         plan_frames(FEED_PREFIX + str(tmp_path / "nothing"))
     with pytest.raises(ValueError, match="--pre-workers 3"):
-        FeedReader(plan, 0, 2)
+        open_share(plan, 0, 2)
 
 
 def test_frames_come_as_lines_arrive_with_the_writers_names_and_the_open_ended_ids(tmp_path):
     folder, plan = make_feed(tmp_path, readers=2)
     image = tmp_path / "a.png"
     cv2.imwrite(str(image), np.full((20, 30, 3), 7, np.uint8))
-    with closing(FeedReader(plan, 1, 2)) as reader:
+    with closing(open_share(plan, 1, 2)) as reader:
+        assert isinstance(reader, FeedReader)  # the feed kind's own reader
         with pytest.raises(FeedWaiting):
             reader.next()
         append(folder, 1, FeedEntry("image", str(image), "x/a.png", 1, 4).line())
@@ -74,12 +76,12 @@ def test_a_video_entry_yields_its_frames_from_its_start_and_a_restart_resumes(tm
     clip = write_video(tmp_path / "clip.mp4", 6)
     append(folder, 0, FeedEntry("video", str(clip), "clip.mp4", 4, 2, start=2).line()
            + FeedEntry("image", "/missing.jpg", "missing.jpg", 1, 3).line() + END)
-    with closing(FeedReader(plan)) as reader:
+    with closing(open_share(plan)) as reader:
         frames = [reader.next() for _ in range(2)]
     assert [f.ref.name for f in frames] == ["clip.mp4:000003", "clip.mp4:000004"]
     assert [grey_level(f.image) for f in frames] == [2, 3]  # frame i of the test video is grey i
     assert frames[0].ref.item == 2 and [f.ref.index for f in frames] == [0, 1]  # a video of its own
-    with closing(FeedReader(plan, start=2)) as restarted:  # a successor of a reader that handed on two frames
+    with closing(open_share(plan, start=2)) as restarted:  # a successor of a reader that handed on two frames
         third = restarted.next()
         assert (third.ref.frame_id, third.ref.name) == (2, "clip.mp4:000005")
         restarted.next()

@@ -1,5 +1,6 @@
-"""The tuning sweep's backend move: --backend openvino tried where OpenVINO is installed and
-inference runs on the CPU, against test_sweep's fake pipeline whose inference is faster there."""
+"""The tuning sweep's backend move: --backend openvino tried where it is ready (installed, its
+model converted: ``backends``) and inference runs on the CPU, against test_sweep's fake pipeline
+whose inference is faster there."""
 
 from __future__ import annotations
 
@@ -27,17 +28,17 @@ class OpenVinoFaster(FakePipeline):
 
 def test_the_sweep_moves_to_openvino_where_it_is_installed_and_pays():
     pipeline = OpenVinoFaster()
-    result = Sweep(pipeline, Machine(cores=2, openvino=True), 600.0, 8.0, clock=pipeline.clock).run(DEFAULTS_2_CORES)
+    result = Sweep(pipeline, Machine(cores=2), 600.0, 8.0, clock=pipeline.clock, backends=("openvino",)).run(DEFAULTS_2_CORES)
     assert result.best.backend == "openvino" and result.best.label().endswith(" openvino")
     first = next(t for t in result.trials if t.settings.backend == "openvino")
     assert first.reason.startswith("backend torch->openvino: cores saturated: OpenVINO's forward")
     assert "--backend openvino" in shlex.join(result.best.flags()) and "openvino" in sweep_table(result)
 
 
-def test_no_openvino_move_where_it_is_not_installed_or_inference_is_on_a_gpu():
+def test_no_openvino_move_where_it_is_not_ready_or_inference_is_on_a_gpu():
     not_installed = Sweep(OpenVinoFaster(), Machine(cores=2), 600.0, 8.0, clock=FakeClock())
     assert all(t.settings.backend == "torch" for t in not_installed.run(DEFAULTS_2_CORES).trials)
     analysis = Measurement(fps=200.0, bottleneck="infer", limit="stage", cpu_saturation=0.3,
                            utilisation={"pre": 0.5, "infer": 0.95, "post": 0.2})
-    on_gpu = propose(DEFAULTS_2_CORES, analysis, Machine(cores=16, gpus=1, openvino=True))
+    on_gpu = propose(DEFAULTS_2_CORES, analysis, Machine(cores=16, gpus=1), backends=("openvino",))
     assert on_gpu and all(m.settings.backend == "torch" for m in on_gpu)  # OpenVINO runs on the CPU here

@@ -26,8 +26,9 @@ from wire.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket
 from inputs.frames import Frame, FrameReadError, StreamError
 from inputs.imageio import DecodeOptions
 from yolo.letterbox import LETTERBOX_STRIDE, bgr_to_rgb_chw, letterbox
-from inputs.feed import FeedReader, FeedWaiting, is_feed
-from inputs.reader import ShareReader
+from inputs.feed import FeedWaiting
+from inputs.kinds import input_kind
+from inputs.reader import open_share
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,7 @@ class Preprocess(Stage):
         self.slots = process.own(FramesOut(args))
         self.faults = TestFaults.for_role(ROLE)
         self.substages, self.sent = {"read": Samples(), "letterbox": Samples()}, 0
-        reader_of = FeedReader if is_feed(plan.source) else ShareReader
-        self.reader = process.own(reader_of(plan, args.index, args.endpoints.counts[ROLE], args.start_position,
+        self.reader = process.own(open_share(plan, args.index, args.endpoints.counts[ROLE], args.start_position,
                                 decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels)))
         self.handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
         self.stream_errors: list[str] = []
@@ -199,11 +199,11 @@ def _report_failed(ref, reason: str, args: StageArgs, process: StageProcess, fai
         log.debug("frame %d (%s) failed: %s", ref.frame_id, ref.name, reason)
     else:
         failures.failed("frame %d (%s) failed: %s", ref.frame_id, ref.name, reason)
-    video = {"item": ref.item, "index": ref.index} if ref.kind in ("video", "stream") else None
+    video = {"item": ref.item, "index": ref.index} if input_kind(ref.kind).video else None
     process.tell_collector(Failed(ref.frame_id, ref.name, ROLE, args.name, reason, ref.cycle, video).to_message())
 
 
-def _read_next(reader: ShareReader | FeedReader, slots: FramesOut, cfg, args: StageArgs, process: StageProcess,
+def _read_next(reader, slots: FramesOut, cfg, args: StageArgs, process: StageProcess,
                failures: FailureLog, stream_errors: list[str], faults: TestFaults
                ) -> tuple[tuple[dict, list] | None, bool, bool]:
     """(the next frame prepared and packed into a slot, or None; whether the share is done;
