@@ -25,7 +25,7 @@ MAX_FRAMES = 100_000_000  # the collector keeps a byte per frame id; use --durat
 
 def backend_names() -> tuple[str, ...]:
     """The backends registered now: a plugin may have added one since this module was imported."""
-    return tuple(registry.NAMES)
+    return registry.backend_names()
 
 
 class ConfigError(ValueError):

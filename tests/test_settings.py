@@ -72,9 +72,12 @@ def test_help_shows_config_defaults_in_words_where_declared():
 
 
 def test_backend_choices_are_read_when_the_parser_is_built(monkeypatch):
-    monkeypatch.setattr(registry, "NAMES", registry.NAMES + ("plugged",))
-    _, given = runner.parse_args(["--backend", "plugged"])
-    assert given["backend"] == "plugged" and RunConfig(backend="plugged").backend == "plugged"
+    registry.register(registry.BackendSpec("plugged", "backends.torch_backend"))
+    try:
+        _, given = runner.parse_args(["--backend", "plugged"])
+        assert given["backend"] == "plugged" and RunConfig(backend="plugged").backend == "plugged"
+    finally:
+        registry.unregister("plugged")
 
 
 def test_an_unknown_backend_is_refused_by_the_flag_and_the_config():
@@ -87,10 +90,10 @@ def test_an_unknown_backend_is_refused_by_the_flag_and_the_config():
 def test_a_plugin_that_cannot_be_imported_is_a_usage_error(monkeypatch, caplog):
     monkeypatch.setenv("YOLO_PIPELINE_PLUGINS", "no_such_plugin_module")
     assert runner.main(["--no-progress"]) == 2
-    assert "error: YOLO_PIPELINE_PLUGINS: cannot import plugin 'no_such_plugin_module'" in caplog.text
+    assert "error: YOLO_PIPELINE_PLUGINS: cannot load plugin 'no_such_plugin_module'" in caplog.text
     out = subprocess.run([sys.executable, "runner.py", "--json"], cwd=os.path.dirname(runner.DEFAULT_CONFIG),
                          capture_output=True, text=True, timeout=60, env=dict(os.environ))
-    assert out.returncode == 2 and "cannot import plugin" in json.loads(out.stdout)["error"]
+    assert out.returncode == 2 and "cannot load plugin" in json.loads(out.stdout)["error"]
 
 
 def test_a_flag_needs_its_help_and_a_type_the_parser_knows():
