@@ -76,6 +76,19 @@ class JsonListFile:
             self._guard(lambda: self._write_now(separator + "\n" + ",\n".join(lines)))
         return len(lines)
 
+    def extend_text(self, pieces: list[tuple[str, int]]) -> list[int]:
+        """Append records already written as JSON text: ``(lines of a JSON list, how many)`` per
+        frame, all in one write; returns, per piece, how many records went in (0 once stopped)."""
+        if self._file is None:
+            return [0] * len(pieces)
+        text = ",\n".join(lines for lines, count in pieces if count)
+        written = sum(count for _, count in pieces)
+        if written:
+            separator = "," if self.records else ""
+            self.records += written
+            self._guard(lambda: self._write_now(separator + "\n" + text))
+        return [count if self._file is not None else 0 for _, count in pieces]
+
     def _write_now(self, text: str) -> None:
         """Written through to the OS (no fsync): a writer killed mid-run leaves every whole record in
         the partial file for the runner to make valid (supervisor.salvage)."""

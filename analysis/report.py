@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
-import math
 import os
 import time
 from typing import Any, Callable
 
 from analysis.atomic import write_bytes_atomic
+from analysis.jsontext import json_safe, json_text  # noqa: F401 (the report's JSON, re-exported)
 from analysis.bottleneck import diagnose, too_little_to_judge
 from analysis.machine import Machine
 from analysis.markdown import markdown
@@ -74,27 +73,6 @@ def write_run_folder(run_dir: str, run: RunData) -> dict:
         log.error("could not write %s in %s: %s", ", ".join(failed), run_dir, next(iter(failed.values())))
     summary["files"] = {"written": written, "failed": failed}
     return summary
-
-
-def json_safe(value: Any) -> Any:
-    """Plain JSON data: numpy scalars to int/float, tuples to lists, NaN and infinities to None."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if hasattr(value, "item") and not isinstance(value, float):  # numpy scalar
-        return json_safe(value.item())
-    if isinstance(value, float):
-        return float(value) if math.isfinite(value) else None
-    raise ValueError(f"report: expected JSON-able data, got {type(value).__name__} {value!r}")
-
-
-def json_text(data: Any, indent: int | None = None) -> str:
-    return json.dumps(json_safe(data), indent=indent, allow_nan=False)
 
 
 def json_summary(summary: dict, **extra: Any) -> dict:

@@ -17,7 +17,7 @@ from backends.registry import backend_packages
 from collector.ledger import Expected, Ledger, account_missing
 from process.stage_loop import Stage, StageProcess, run_loop
 from wire.links import SlotReturns
-from wire.messages import FAILED, RESULT, STATS, Finished, Progress, validate
+from wire.messages import DONE, FAILED, RESULT, RESULTS, SCHEMAS, STATS, Finished, Progress, check_fields, done_item, validate
 from process.resources import ResourceSampler
 from sharedmem.slots import SlotError, SlotViews
 from wire.transport import REPORT_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
@@ -27,15 +27,16 @@ from wire.wiring import StageArgs
 PROGRESS_INTERVAL_S = 0.25
 RESOURCE_INTERVAL_S = 0.5
 DRAIN_AFTER_STOP_S = 3.0  # after a stop, wait this long for the workers' last summaries
-COLLECTOR_TYPES = frozenset({RESULT, FAILED, STATS})
+COLLECTOR_TYPES = frozenset({RESULTS, RESULT, FAILED, STATS})
+DONE_FIELDS = SCHEMAS[DONE]
 
 
 class Collected:
     """What the collector keeps while the run goes: the ledger, the summaries, the outputs."""
 
-    def __init__(self, args: StageArgs, expected_workers: list[str], ctx: zmq.Context, log,
+    def __init__(self, args: StageArgs, expected_workers: list[str], ctx: zmq.Context, log, drops: DropCounter,
                  resume: Resume | None = None):
-        self.args, self.log = args, log
+        self.args, self.log, self.drops = args, log, drops
         self.ledger = Ledger(args.plan)
         self.expected = Expected(list(expected_workers))
         from analysis.atomic import JsonListFile
@@ -76,8 +77,10 @@ class Collected:
 
     def take(self, header: dict, arrays: list) -> None:
         kind = header["type"]
-        if kind == RESULT:
-            self._result(header, arrays)
+        if kind == RESULTS:
+            self._results(header["items"], arrays)
+        elif kind == RESULT:
+            self._results([done_item(header)], arrays)
         elif kind == FAILED:
             if self.ledger.add_failure(header):
                 self.journal.failed(header)
@@ -87,24 +90,41 @@ class Collected:
             self.expected.add_stats(header)
             self.journal.stats(header)
 
-    def _result(self, header: dict, arrays: list) -> None:
-        new = self.ledger.add_result(header)
+    def _results(self, items: list, arrays: list) -> None:
+        """A batch of finished frames: the new ones into the ledger, their records (JSON text
+        already) appended to the lists in one write each, then the journal lines that vouch for
+        them; video frames to their writer."""
+        taken = []
+        for item in items:
+            try:
+                taken.append((check_fields(item, DONE_FIELDS, DONE), False))
+            except ProtocolError as exc:
+                self.drops.note(exc, "results")
+        taken = [(item, self.ledger.add_result(item)) for item, _ in taken]
+        new = [item for item, is_new in taken if is_new]
         if new:
-            lists = (self.detections.extend(header["detections"]),
-                     self.predictions.extend(header["predictions"]) if isinstance(header.get("predictions"), list)
-                     else 0)
-            self.journal.frame(header, lists)  # after the records: it vouches for them
-            if header.get("image_error") and self.image_error is None:
-                self.image_error = header["image_error"]
+            found = self.detections.extend_text([(i["detections_json"], i["detections"]) for i in new])
+            predicted = self.predictions.extend_text([(i["predictions_json"], i["predictions"]) for i in new])
+            for item, lists in zip(new, zip(found, predicted)):
+                self.journal.frame(item, lists)  # after the records: it vouches for them
+            error = next((i["image_error"] for i in new if i.get("image_error")), None)
+            if error and self.image_error is None:
+                self.image_error = error
                 self.log.error("%s", self.image_error)
-        if not isinstance(header.get("video"), dict) or "px" not in header:
-            return
-        release = lambda: self.returns.release(header["id"], header.get("pre"), header.get("px"))  # noqa: E731 - called once the frame is written
+        for item, is_new in taken:
+            if isinstance(item.get("video"), dict) and "px" in item:
+                try:
+                    self._video_frame(item, is_new, arrays)
+                except SlotError as exc:
+                    self.drops.note(ProtocolError("slot", str(exc)), "results")
+
+    def _video_frame(self, item: dict, new: bool, arrays: list) -> None:
+        release = lambda: self.returns.release(item["id"], item.get("pre"), item.get("px"))  # noqa: E731 - called once the frame is written
         if not new:
             release()
             return
-        orig = header["px"].get("orig")
-        self.videos.add(header["name"], header.get("cycle") or 0, header["video"], header.get("draw") or [],
+        orig = item["px"].get("orig")
+        self.videos.add(item["name"], item.get("cycle") or 0, item["video"], item.get("draw") or [],
                         lambda: self.views.array(orig, arrays), release)
 
     def finish_outputs(self) -> tuple[list[str], dict[str, str]]:
@@ -158,7 +178,8 @@ class Collector(Stage):
         process.listen(self.results_in, self.receive)
         self.progress_out = process.own(make_socket(process.ctx, zmq.PUSH, curve=args.wire.curve))
         self.progress_out.connect(args.endpoints["progress"])
-        self.collected = process.own(Collected(args, list(args.workers), process.ctx, process.log, args.resume))
+        self.collected = process.own(Collected(args, list(args.workers), process.ctx, process.log, process.drops,
+                                               args.resume))
         self.sampler = ResourceSampler(args.runner_pid)
         self.last_progress = self.last_sample = 0.0
         self.stop_deadline: float | None = None

@@ -80,7 +80,7 @@ class Journal:
         times = ",".join(repr(float(t.get(k, 0.0))) for k in self._time_keys)
         names = json.dumps([result["name"]] + [workers.get(role) for role in self._roles])
         self._pending.append(f'{{"f":[{result["id"]},{int(result["batch"])},{int(bool(result["image_saved"]))},'
-                             f'{int(bool(result["cold"]))},{len(result["detections"])},{lists[0]},{lists[1]},'
+                             f'{int(bool(result["cold"]))},{_count(result["detections"])},{lists[0]},{lists[1]},'
                              f'[{times}],{names}]}}')
         if len(self._pending) >= BATCH_LINES:
             self.flush()
@@ -132,6 +132,11 @@ class Journal:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+def _count(detections) -> int:
+    """How many detections a result holds: its records, or (a Done item) their count."""
+    return detections if isinstance(detections, int) else len(detections)
+
 
 def remove_journal(run_dir: str) -> None:
     """No collector will go on with the run (the runner salvaged its lists): the journal goes."""

@@ -27,13 +27,13 @@ class StageProcess:
 
     def __init__(self, args: StageArgs, use_torch: bool):
         self.args = args
-        signals = enter_process(args)
+        self.signals = enter_process(args)
         self.threads = set_thread_counts(args.torch_threads, args.opencv_threads, use_torch=use_torch)
         self.log = setup_logging(args.name, args.log_path, args.config.log_level)
         self.drops = DropCounter(self.log)
         self.ctx = zmq.Context()
         self.control = Control(self.ctx, args, self.drops)
-        self.heartbeat = Heartbeat(self.ctx, args, signals)
+        self.heartbeat: Heartbeat | None = None  # beats once the stage is set up (a model may load for long)
         self.clock = Clock()
         self.poller = zmq.Poller()
         self.poller.register(self.control.socket, zmq.POLLIN)  # handled last, after the stage's sockets
@@ -67,10 +67,17 @@ class StageProcess:
         """This process's STATS message: its clocks, threads and drops, and the stage's own fields."""
         return worker_stats(self.args, role, self.threads, self.clock, frames, self.drops, **extra)
 
+    def start_heartbeat(self) -> None:
+        """The runner hears of this process from now on: a set-up longer than the heartbeat
+        timeout (a model loading) is not taken for a hang, and a Ctrl-C before every process
+        beats is a start-up interrupted (nothing run, no run folder)."""
+        self.heartbeat = Heartbeat(self.ctx, self.args, self.signals)
+
     def close(self) -> None:
         for closable in reversed(self._owned):
             closable.close()
-        self.heartbeat.close()
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         if self._collector is not None:
             self._collector.close()
         self.control.close()
@@ -103,6 +110,9 @@ class Stage:
         """Whether a wait now is waiting on the consumers (blocked), not on input."""
         return False
 
+    def idle(self) -> None:
+        """A wait ended with nothing for the stage's sockets: what waits for a lull goes now."""
+
     def finish(self) -> None:
         """After the loop, unless it raised: the summary to the collector."""
 
@@ -110,6 +120,7 @@ class Stage:
 def run_loop(process: StageProcess, stage: Stage) -> None:
     control = process.control
     try:
+        process.start_heartbeat()
         while stage.keep_going(control):
             process.heartbeat.tick()
             for notice in control.take_gone():
@@ -119,9 +130,13 @@ def run_loop(process: StageProcess, stage: Stage) -> None:
             if stage.done():
                 break
             events = poll(process.poller, stage.poll_timeout_ms(), process.clock, stage.blocked_on_output())
+            handled = False
             for socket, handle in process.handlers.items():
                 if socket in events:
                     handle(socket)
+                    handled = True
+            if not handled:
+                stage.idle()
             if control.socket in events:
                 control.handle()
         if control.stop_reason or control.drain_reason:

@@ -82,7 +82,7 @@ import json, os, signal, types
 signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C while the stage was still importing
 os.kill(os.getpid(), signal.SIGTERM)
-from workers import lifecycle
+from process import lifecycle
 received = lifecycle.enter_process(types.SimpleNamespace(name="pre-0"))
 print(json.dumps({"mask": mask_of(os.getpid()), "noted": received.received,
                   "pending": sorted(int(s) for s in signal.sigpending())}))

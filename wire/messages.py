@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from analysis.jsontext import records_text
 from wire.transport import ProtocolError
 
 INT, FLOAT, STR, BOOL, LIST, DICT = "int", "float", "str", "bool", "list", "dict"
@@ -127,6 +128,53 @@ class Result(Message):
 
 
 @dataclass(frozen=True)
+class Done(Message):
+    """A finished frame as the collector takes it, one item of a :class:`Results` batch: a
+    result whose records the last frame stage already wrote as JSON text (the lines of a JSON
+    list), so the one collector appends text and unpacks one string, not every record."""
+    TYPE: ClassVar[str] = "done"
+    id: int
+    name: str
+    t: dict
+    detections: int  # how many records detections_json holds
+    detections_json: str
+    predictions: int
+    predictions_json: str
+    workers: dict
+    batch: int
+    image_saved: bool
+    cold: bool
+    cycle: int | None = None
+    video: dict | None = None
+    px: dict | None = None
+    pre: str | None = None
+    draw: list | None = None
+    image_error: str | None = None
+
+
+def done_item(result: dict) -> dict:
+    """A result map as a :class:`Done` map: its records written as JSON text (by the stage that
+    calls this: the last frame stage's parallel processes, not the one collector)."""
+    detections, found = records_text(result["detections"])
+    predictions, predicted = records_text(result.get("predictions") or ())
+    item = {k: v for k, v in result.items() if k not in _LEFT_FOR_TEXT}
+    item.update(detections=found, detections_json=detections, predictions=predicted, predictions_json=predictions)
+    return item
+
+
+_LEFT_FOR_TEXT = frozenset({"type", "src", "detections", "predictions"})
+
+
+@dataclass(frozen=True)
+class Results(Message):
+    """last frame stage -> collector: the frames it finished since its last batch (each a
+    :class:`Done` map), one message for many: the collector's cost is per message as much as
+    per frame."""
+    TYPE: ClassVar[str] = "results"
+    items: list
+
+
+@dataclass(frozen=True)
 class Failed(Message):
     """any frame stage -> collector: a frame that failed there, and why."""
     TYPE: ClassVar[str] = "failed"
@@ -231,10 +279,10 @@ class PeerGone(Message):
     position: int | None = None
 
 
-MESSAGES = (Credit, Ack, FrameOnLink, End, Release, Result, Failed, Stats, Beat, Progress, Finished, Drain, Stop,
-            PeerGone)
+MESSAGES = (Credit, Ack, FrameOnLink, End, Release, Result, Done, Results, Failed, Stats, Beat, Progress, Finished,
+            Drain, Stop, PeerGone)
 SCHEMAS: dict[str, dict[str, str]] = {kind.TYPE: schema_of(kind) for kind in MESSAGES}
-(CREDIT, ACK, FRAME, END, RELEASE, RESULT, FAILED, STATS, HEARTBEAT, PROGRESS, FINISHED, DRAIN, STOP,
+(CREDIT, ACK, FRAME, END, RELEASE, RESULT, DONE, RESULTS, FAILED, STATS, HEARTBEAT, PROGRESS, FINISHED, DRAIN, STOP,
  PEER_GONE) = (kind.TYPE for kind in MESSAGES)
 
 

@@ -159,7 +159,7 @@ class Inference(FrameStage):
     def poll_timeout_ms(self) -> float:
         if len(self.onward.outbox) >= self.cfg.batch_size:  # no batch may run until postprocess takes some
             return POLL_TIMEOUT_MS
-        return _poll_timeout_ms(self.waiting, self.cfg)
+        return self.onward.poll_timeout_ms(_poll_timeout_ms(self.waiting, self.cfg))
 
     def receive(self, socket) -> None:
         """A frame into the batch of its shape; failed at once when its pixels are bad or when it
@@ -181,6 +181,7 @@ class Inference(FrameStage):
         self.waiting[tuple(image.shape)].append(Waiting(time.perf_counter(), header, msg.arrays, image))
 
     def finish(self) -> None:
+        self.onward.flush()
         held = sorted([item.header.id for items in self.waiting.values() for item in items] +
                       [h["id"] for h, _, _ in self.onward.outbox])
         onward, detector = self.onward, self.detector

@@ -10,42 +10,51 @@ import collections
 from process.stage_loop import Stage, StageProcess
 from topology.stages import consumers_of, next_role, role_of, sink_role
 from wire.links import Downstream, Upstream
-from wire.messages import RESULT
+from wire.messages import Results, done_item
 from wire.transport import ProtocolError
 from wire.transport import send_message
 
-RESEND_WINDOW = 256  # results kept after sending: those a collector that died had not written are among them
+RESEND_WINDOW = 256  # frames kept after sending: those a collector that died had not written are among them
+RESULTS_BATCH = 64  # frames a Results message holds at most
 
 
 class SentResults:
-    """The last results and failures sent to the collector. When it dies, those it had not yet
-    written die with it (in its queues, or its memory); they go again to its next incarnation,
-    which counts each frame once (collector.journal). A frame sent before the window is
-    written, or, if it was lost too, accounted as lost at the end."""
+    """The last messages sent to the collector, at least RESEND_WINDOW frames' worth. When it
+    dies, those it had not yet written die with it (in its queues, or its memory); they go again
+    to its next incarnation, which counts each frame once (collector.journal). A frame sent
+    before the window is written, or, if it was lost too, accounted as lost at the end."""
 
     def __init__(self, process: StageProcess):
         self.results_out, self.token = process.to_collector, process.args.wire.token
-        self.recent: collections.deque = collections.deque(maxlen=RESEND_WINDOW)
-        self.resent_by: dict[str, int] = {}  # identity of the dead collector -> results sent again
+        self.recent: collections.deque[tuple[dict, int]] = collections.deque()  # (message, frames in it)
+        self.frames_kept = 0
+        self.resent_by: dict[str, int] = {}  # identity of the dead collector -> frames sent again
 
-    def send(self, header: dict) -> int:
-        self.recent.append(header)
+    def send(self, header: dict, frames: int = 1) -> int:
+        self.recent.append((header, frames))
+        self.frames_kept += frames
+        while self.frames_kept - self.recent[0][1] >= RESEND_WINDOW:
+            self.frames_kept -= self.recent.popleft()[1]
         return send_message(self.results_out, header, token=self.token)
 
     def collector_gone(self, notice: dict) -> None:
         if notice["name"] != sink_role():
             return
-        for header in self.recent:
+        for header, _ in self.recent:
             send_message(self.results_out, header, token=self.token)  # queued until the new collector binds
         key = f"collector.{notice['incarnation']}"
-        self.resent_by[key] = self.resent_by.get(key, 0) + len(self.recent)
+        self.resent_by[key] = self.resent_by.get(key, 0) + self.frames_kept
+
+
 
 
 class Onward:
-    """A finished frame goes on: the last stage sends it to the collector at once (and acks it
-    upstream); a stage with another after it queues it for the next pool's credit, and acks it
-    upstream once sent, so a frame is always held by someone who can send it again. ``release``
-    in an ack gives the frame's slot back through its sender (inference's acks to preprocess)."""
+    """A finished frame goes on: the last stage gathers finished frames into one Results message
+    for the collector, sent once nothing more is waiting to be taken (or RESULTS_BATCH are in);
+    a stage with another after it queues each for the next pool's credit. Either acks a frame
+    upstream only once it is sent, so a frame is always held by someone who can send it again.
+    ``release`` in an ack gives the frame's slot back through its sender (inference's acks to
+    preprocess)."""
 
     def __init__(self, process: StageProcess, frames_in: Upstream):
         args = process.args
@@ -58,6 +67,8 @@ class Onward:
                                    args.identity, args.wire, process.drops)
             process.listen(self.link.socket, lambda socket: self.link.handle())
         self.outbox: collections.deque[tuple[dict, list, bool]] = collections.deque()
+        self.pending: list[dict] = []  # Done items for the collector's next Results message
+        self.pending_acks: list[tuple[int, bool]] = []
         self._bytes_to_collector = self.messages_out = 0
 
     @property
@@ -75,13 +86,25 @@ class Onward:
         return self.link is None or self.link.all_peers_known()
 
     def put(self, header: dict, arrays: list | tuple = (), release: bool = False) -> None:
-        """A finished frame: sent now to the collector (a RESULT), or queued for the next stage."""
+        """A finished frame (a result): into the collector's next batch, or queued for the next stage."""
         if self.link is None:
-            self._bytes_to_collector += self.collector.send({**header, "type": RESULT})  # a link's FRAME type goes
-            self.messages_out += 1
-            self.frames_in.ack(header["id"], release=release)
+            self.pending.append(done_item(header))
+            self.pending_acks.append((header["id"], release))
+            if len(self.pending) >= RESULTS_BATCH:
+                self.flush()
         else:
             self.outbox.append((header, list(arrays), release))
+
+    def flush(self) -> None:
+        """The collector's batch goes now; its frames are acked upstream."""
+        if not self.pending:
+            return
+        message = Results(self.pending).to_message()
+        self._bytes_to_collector += self.collector.send(message, frames=len(self.pending))
+        self.messages_out += 1
+        for frame_id, release in self.pending_acks:
+            self.frames_in.ack(frame_id, release=release)
+        self.pending, self.pending_acks = [], []
 
     def failed(self, failure: dict, release: bool = False) -> None:
         """A FAILED message: always to the collector (no stage after this one can use the frame)."""
@@ -111,8 +134,13 @@ class Onward:
     def blocked(self) -> bool:
         return bool(self.outbox)
 
+    def poll_timeout_ms(self, otherwise: float) -> float:
+        """No wait while a batch for the collector is pending: it goes as soon as nothing more is waiting."""
+        return 0 if self.pending else otherwise
+
     def finished(self) -> bool:
-        """Everything queued went and was taken (at once for the collector's side)."""
+        """Everything queued went and was taken (the collector's batch goes at once)."""
+        self.flush()
         return self.link is None or (not self.outbox and self.link.finish(self.log))
 
     def held(self) -> dict:
@@ -169,3 +197,9 @@ class FrameStage(Stage):
 
     def blocked_on_output(self) -> bool:
         return self.onward.blocked()
+
+    def poll_timeout_ms(self) -> float:
+        return self.onward.poll_timeout_ms(super().poll_timeout_ms())
+
+    def idle(self) -> None:
+        self.onward.flush()

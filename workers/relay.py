@@ -83,6 +83,7 @@ class Relay(FrameStage):
 
     def finish(self) -> None:
         onward = self.onward
+        onward.flush()
         self.process.tell_collector(self.process.summary(
             self.role, self.frames, bytes_in=self.frames_in.bytes_received, bytes_out=onward.bytes_out,
             messages_in=self.frames_in.frames_received, messages_out=onward.messages_out, link=onward.link_label,
