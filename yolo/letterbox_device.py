@@ -77,14 +77,15 @@ def _taps(src: int, dst: int, across: bool, device: torch.device) -> tuple[Tenso
 def _resize_opencv(image: Tensor, size_hw: tuple[int, int]) -> Tensor:
     y0, y1, wy0, wy1 = _taps(image.shape[1], size_hw[0], False, image.device)
     x0, x1, wx0, wx1 = _taps(image.shape[2], size_hw[1], True, image.device)
-    pixels = image.to(torch.int32)
+    pixels = image.permute(1, 2, 0)  # [H, W, 3]: a gathered column carries its 3 channels
 
-    def across(rows: Tensor) -> Tensor:  # [3, h, W] -> [3, h, w], scaled by 2**11
-        return rows[:, :, x0] * wx0 + rows[:, :, x1] * wx1
+    def down(rows: Tensor, weights: Tensor) -> Tensor:  # [h, W, 3] uint8 -> [h, w, 3], OpenCV's rounding
+        across = rows.to(torch.int32).index_select(1, x0).mul_(wx0[:, None])
+        across.add_(rows.to(torch.int32).index_select(1, x1).mul_(wx1[:, None]))  # scaled by 2**11
+        return across.bitwise_right_shift_(4).mul_(weights[:, None, None]).bitwise_right_shift_(16)
 
-    top = ((across(pixels[:, y0]) >> 4) * wy0[:, None]) >> 16
-    bottom = ((across(pixels[:, y1]) >> 4) * wy1[:, None]) >> 16
-    return ((top + bottom + 2) >> 2).clamp_(0, 255).to(torch.uint8)
+    out = down(pixels.index_select(0, y0), wy0).add_(down(pixels.index_select(0, y1), wy1))
+    return out.add_(2).bitwise_right_shift_(2).clamp_(0, 255).to(torch.uint8).permute(2, 0, 1).contiguous()
 
 
 def resize_rgb(image: Tensor, size_hw: tuple[int, int], method: str = "opencv", antialias: bool = False) -> Tensor:
