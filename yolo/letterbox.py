@@ -119,13 +119,8 @@ def letterbox_shape(
     return letterbox_layout(original_shape, imgsz, stride, rect, scaleup)[0].shape
 
 
-def letterbox_layout(
-    original_shape: Sequence[int],
-    imgsz: int,
-    stride: int = 32,
-    rect: bool = False,
-    scaleup: bool = True,
-) -> tuple[LetterboxInfo, tuple[int, int], tuple[int, int, int, int]]:
+def letterbox_layout(original_shape: Sequence[int], imgsz: int, stride: int = 32, rect: bool = False,
+                     scaleup: bool = True) -> tuple[LetterboxInfo, tuple[int, int], tuple[int, int, int, int]]:
     """Where :func:`letterbox` puts an image of this shape, for it and its device twin.
 
     Args:
