@@ -12,6 +12,7 @@ import torch
 
 from yolo.checkpoint import CheckpointError
 from sequential.detect import SEQUENTIAL_STAGES, run_sequential, write_json
+from sequential.device_path import DATA_PATHS, default_data_path
 from yolo.detect import DetectOptions
 from yolo.devices import resolve_device
 from inputs.downloads import DownloadFolder
@@ -51,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="NMS across classes")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or N for cuda:N")
+    p.add_argument("--data-path", choices=DATA_PATHS, default=None,
+                   help="'device': decode, letterbox, NMS, drawing and JPEG encoding on --device, only encoded "
+                        "bytes back to the host; default: device with --device cuda, host on a CPU")
     p.add_argument("--backend", choices=BACKEND_NAMES, default="torch",
                    help="what runs the forward: torch, or OpenVINO on the CPU (the model converted once, cached)")
     p.add_argument("--half", action="store_true",
@@ -88,6 +92,10 @@ def detect(args: argparse.Namespace, download_dir: str) -> int:
                              iou_thres=args.iou_thres, classes=tuple(args.classes) if args.classes else None,
                              agnostic=args.agnostic_nms, max_det=args.max_det)
         decode = DecodeOptions(args.decode, args.imgsz, args.max_pixels)
+        data_path = args.data_path or default_data_path(device)
+        if data_path == "device" and args.decode != "full":
+            raise ValueError(f"--decode {args.decode}: expected --decode full with --data-path device "
+                             "(the device decoder has no reduced decode)")
         plan = plan_frames(args.source, args.frames, vid_stride=args.vid_stride,
                            streams=StreamOptions(download_dir=download_dir))
         if args.threads is not None:
@@ -98,9 +106,10 @@ def detect(args: argparse.Namespace, download_dir: str) -> int:
     except (ValueError, CheckpointError, RuntimeError) as exc:  # RuntimeError: a backend's own (OpenVinoError)
         log.error("error: %s", exc)
         return 2
-    log.info("source %s: %s", args.source, plan.summary())
+    log.info("source %s: %s; data path %s on %s", args.source, plan.summary(), data_path, device)
     result = run_sequential(model, plan, opts, device=device, save_dir=args.save_dir, save_txt=args.save_txt,
-                            save_conf=args.save_conf, warmup=args.warmup, progress=not args.quiet, decode=decode)
+                            save_conf=args.save_conf, warmup=args.warmup, progress=not args.quiet, decode=decode,
+                            data_path=data_path)
     if args.save_json:
         write_json(args.save_json, result.records)
     print_summary(result, torch.get_num_threads(), model.precision)
@@ -128,8 +137,11 @@ def print_summary(result, threads: int, precision: str) -> None:
     per_stage = "  ".join(f"{s} {np.mean(result.stage_ms[s]):.1f}" if result.stage_ms[s] else f"{s} -"
                           for s in SEQUENTIAL_STAGES)
     log.info("ms per image: %s", per_stage)
-    log.info("%d frames in %.2f s: %.2f fps (torch threads: %d, %s); %d failed", result.frames, result.wall_s,
-             result.fps, threads, precision, len(result.failed))
+    log.info("%d frames in %.2f s: %.2f fps (torch threads: %d, %s, data path %s); %d failed", result.frames,
+             result.wall_s, result.fps, threads, precision, result.data_path, len(result.failed))
+    if result.host_decoded:
+        log.info("  %d image files decoded on the host (the device decoder refused them), e.g. %s: %s",
+                 len(result.host_decoded), result.host_decoded[0]["image"], result.host_decoded[0]["reason"])
     for failure in result.failed:
         log.info("  failed frame %d %s: %s", failure["frame"], failure["image"], failure["reason"])
     for stream in result.streams:

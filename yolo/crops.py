@@ -29,13 +29,21 @@ def crop_box(image: np.ndarray, box: Sequence[float], gain: float = CROP_GAIN, p
     """
     if image.ndim != 3:
         raise ValueError(f"expected an image of shape (H, W, C), got {image.shape}")
+    top, bottom, left, right = crop_bounds(box, image.shape[:2], gain, pad)
+    return image[top:bottom, left:right].copy()
+
+
+def crop_bounds(box: Sequence[float], shape_hw: Sequence[int], gain: float = CROP_GAIN,
+                pad: float = CROP_PAD_PX) -> tuple[int, int, int, int]:
+    """``(top, bottom, left, right)`` of :func:`crop_box`'s region in an image of ``(h, w)``,
+    for it and its device twin (:func:`yolo.jpeg_device.crop_box_device`)."""
     x1, y1, x2, y2 = (float(v) for v in box)
     cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
     w, h = (x2 - x1) * gain + pad, (y2 - y1) * gain + pad
-    height, width = image.shape[:2]
+    height, width = int(shape_hw[0]), int(shape_hw[1])
     left, right = (int(np.clip(v, 0, width)) for v in (cx - w / 2, cx + w / 2))
     top, bottom = (int(np.clip(v, 0, height)) for v in (cy - h / 2, cy + h / 2))
-    return image[top:bottom, left:right].copy()
+    return top, bottom, left, right
 
 
 def crop_paths(name: str, class_ids: Sequence[int], names: Sequence[str]) -> list[str]:

@@ -53,6 +53,13 @@ def _label(class_id: int, score: float, names: Sequence[str], hide_conf: bool = 
     return name if hide_conf else f"{name} {score:.2f}"
 
 
+def box_style(shape_hw: Sequence[int], line_width: int | None = None) -> tuple[int, float, int]:
+    """``(box thickness, font scale, font thickness)`` for an image of ``(h, w)``: the thickness
+    is ``line_width``, or by default scaled with the image size; the font follows it."""
+    thickness = line_width if line_width is not None else max(round((shape_hw[0] + shape_hw[1]) / 2 * 0.003), 2)
+    return thickness, thickness / 3, max(thickness - 1, 1)
+
+
 def draw_detections(
     image: np.ndarray,
     detections: "torch.Tensor | np.ndarray",
@@ -86,9 +93,7 @@ def draw_detections(
     if not inplace:
         image = image.copy()
     h, w = image.shape[:2]
-    thickness = line_width if line_width is not None else max(round((h + w) / 2 * 0.003), 2)
-    font_thickness = max(thickness - 1, 1)
-    font_scale = thickness / 3
+    thickness, font_scale, font_thickness = box_style((h, w), line_width)
     for x1, y1, x2, y2, score, cls in rows:
         class_id = int(cls)
         color = class_color(class_id)

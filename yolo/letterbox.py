@@ -116,8 +116,27 @@ def letterbox_shape(
     Returns:
         tuple[int, int]: ``(h, w)`` of the letterboxed image.
     """
-    _, (new_h, new_w), (dw, dh) = _geometry(original_shape, imgsz, stride, rect, scaleup)
-    return new_h + sum(_borders(dh)), new_w + sum(_borders(dw))
+    return letterbox_layout(original_shape, imgsz, stride, rect, scaleup)[0].shape
+
+
+def letterbox_layout(original_shape: Sequence[int], imgsz: int, stride: int = 32, rect: bool = False,
+                     scaleup: bool = True) -> tuple[LetterboxInfo, tuple[int, int], tuple[int, int, int, int]]:
+    """Where :func:`letterbox` puts an image of this shape, for it and its device twin.
+
+    Args:
+        original_shape (Sequence[int]): ``(h, w)`` or ``(h, w, c)`` of the input image.
+        imgsz, stride, rect, scaleup: as for :func:`letterbox`.
+
+    Returns:
+        tuple[LetterboxInfo, tuple[int, int], tuple[int, int, int, int]]: the geometry, the
+        ``(new_h, new_w)`` the image is resized to, and the ``(top, bottom, left, right)`` borders.
+    """
+    h, w = _check_shape(original_shape)
+    ratio, (new_h, new_w), (dw, dh) = _geometry((h, w), imgsz, stride, rect, scaleup)
+    (top, bottom), (left, right) = _borders(dh), _borders(dw)
+    info = LetterboxInfo(ratio=ratio, pad=(dw, dh), original_shape=(h, w),
+                         shape=(new_h + top + bottom, new_w + left + right))
+    return info, (new_h, new_w), (top, bottom, left, right)
 
 
 def letterbox(
@@ -147,20 +166,13 @@ def letterbox(
         image and the geometry needed to map boxes back (see :func:`yolo.boxes.scale_boxes`).
     """
     bgr = to_bgr(image)
-    original_shape = (bgr.shape[0], bgr.shape[1])
-    ratio, (new_h, new_w), (dw, dh) = _geometry(original_shape, imgsz, stride, rect, scaleup)
-    if (new_h, new_w) != original_shape:
+    info, (new_h, new_w), (top, bottom, left, right) = letterbox_layout(bgr.shape, imgsz, stride, rect, scaleup)
+    if (new_h, new_w) != info.original_shape:
         bgr = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-    top, bottom = _borders(dh)
-    left, right = _borders(dw)
     out = cv2.copyMakeBorder(
         bgr, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(pad_value, pad_value, pad_value)
     )
-    out = np.ascontiguousarray(out)
-    info = LetterboxInfo(
-        ratio=ratio, pad=(dw, dh), original_shape=original_shape, shape=(out.shape[0], out.shape[1])
-    )
-    return out, info
+    return np.ascontiguousarray(out), info
 
 
 def check_bgr(image: np.ndarray) -> None:
