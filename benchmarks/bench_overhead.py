@@ -8,10 +8,12 @@ the CPU-ms per frame from every process's own CPU clock over the measured window
 resource samples), medians over the rounds.
 
 ``collector``: one collector process fed by a synthetic producer at full speed (results as the
-last frame stage sends them, five detections each), then every worker's summary: the fps it
-took them at (wall), and its CPU-ms per frame while it did (its own CPU clock, every thread).
+last frame stage sends them: batches of 64, five detections each, records as JSON text), then
+every worker's summary: the fps it took them at (wall, beside the producer on these 2 vCPUs),
+and its CPU-ms per frame while it did (its own CPU clock, every thread).
 
-Usage: ``python benchmarks/bench_overhead.py pipeline [--rounds 3] [--frames 480] [--json OUT]``
+Usage: ``python benchmarks/bench_overhead.py pipeline [--rounds 3] [--frames 480] [--repos A B] [--json OUT]``
+(``--repos``: checkouts to compare in the same rounds, e.g. a worktree of the commit before a change)
        ``python benchmarks/bench_overhead.py collector [--frames 30000] [--rounds 3]``
 """
 
@@ -64,39 +66,42 @@ def cpu_ms_by_role(report: dict) -> dict[str, float]:
     return by_role
 
 
-def run_pipeline(source: Path, results: Path, name: str, frames: int, save: str, extra: list[str]) -> dict:
-    command = [sys.executable, str(REPO_ROOT / "runner.py"), "--preset", "none", "--source", str(source),
+def run_pipeline(repo: Path, source: Path, results: Path, name: str, frames: int, save: str, extra: list[str]) -> dict:
+    command = [sys.executable, str(repo / "runner.py"), "--preset", "none", "--source", str(source),
                "--frames", str(frames), "--warmup", "48", "--save-images", save, "--results", str(results),
                "--name", name, "--exist-ok", "--no-progress", "--log-level", "warning", *extra]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=repo)  # its own packages, not the caller's
     report = json.loads((results / name / "report.json").read_text())
     return {"fps": report["throughput"]["fps"], "by_role": cpu_ms_by_role(report)}
 
 
 def pipeline(args) -> dict:
+    """Each round runs every case (images saved, not) on every checkout, in an order that
+    alternates round by round; medians per checkout and case."""
+    repos = [Path(r).resolve() for r in args.repos] or [REPO_ROOT]
+    cases = [(repo, save) for repo in repos for save in ("saved", "none")]
+    runs: dict[tuple, list[dict]] = {case: [] for case in cases}
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         source, results = Path(tmp) / "frames", Path(tmp) / "results"
         source.mkdir()
         print(f"{make_frames(source)} frames of 0.6-1.75x bus.jpg and zidane.jpg in {source}")
-        runs: dict[str, list[dict]] = {"saved": [], "none": []}
         for round_index in range(args.rounds):
-            order = ("saved", "none") if round_index % 2 == 0 else ("none", "saved")
-            for case in order:
-                run = run_pipeline(source, results, case, args.frames, "all" if case == "saved" else "none",
+            for repo, save in cases if round_index % 2 == 0 else cases[::-1]:
+                run = run_pipeline(repo, source, results, save, args.frames, "all" if save == "saved" else "none",
                                    args.runner_args)
-                runs[case].append(run)
-                print(f"round {round_index + 1} images {case:5s}: {run['fps']:7.1f} fps  " +
-                      "  ".join(f"{role} {run['by_role'][role]:.2f}" for role in (*ROLES, "total")))
-    summary = {case: {"fps": statistics.median(r["fps"] for r in rs),
-                      "cpu_ms": {role: statistics.median(r["by_role"][role] for r in rs) for role in (*ROLES, "total")}}
-               for case, rs in runs.items()}
-    print("\nmedians, CPU-ms per frame (images saved / not)")
-    for role in (*ROLES, "total"):
-        print(f"  {role:9s} {summary['saved']['cpu_ms'][role]:7.3f}  {summary['none']['cpu_ms'][role]:7.3f}")
-    serial = {case: s["cpu_ms"]["collector"] + s["cpu_ms"]["runner"] for case, s in summary.items()}
-    print(f"  collector + runner: {serial['saved']:.3f} / {serial['none']:.3f}")
-    print(f"  fps: {summary['saved']['fps']:.1f} / {summary['none']['fps']:.1f}")
-    return {"pipeline": summary, "runs": runs}
+                runs[repo, save].append(run)
+                print(f"round {round_index + 1} {repo.name} images {save:5s}: {run['fps']:7.1f} fps  " +
+                      "  ".join(f"{role} {run['by_role'][role]:.2f}" for role in (*ROLES, "total")), flush=True)
+    summary = {f"{repo.name}/{save}": {"fps": statistics.median(r["fps"] for r in rs),
+                                       "cpu_ms": {role: statistics.median(r["by_role"][role] for r in rs)
+                                                  for role in (*ROLES, "total")}}
+               for (repo, save), rs in runs.items()}
+    print("\nmedians, CPU-ms per frame by role")
+    print(f"  {'':22s}" + "".join(f"{role:>10s}" for role in (*ROLES, "total")) + "       fps")
+    for key, s in summary.items():
+        print(f"  {key:22s}" + "".join(f"{s['cpu_ms'][role]:10.3f}" for role in (*ROLES, "total"))
+              + f"{s['fps']:10.1f}  collector+runner {s['cpu_ms']['collector'] + s['cpu_ms']['runner']:.3f}")
+    return {"pipeline": summary, "runs": {f"{repo.name}/{save}": rs for (repo, save), rs in runs.items()}}
 
 
 # -- a collector alone ---------------------------------------------------------------------------------
@@ -189,9 +194,14 @@ class SyntheticProducer:
                       cold=False, predictions=predictions).to_message()
 
     def send_results(self, frames: int) -> None:
+        """In Results batches of RESULTS_BATCH frames, as the last stage sends them at full speed
+        (its records written as JSON text there)."""
+        from wire.messages import Results, done_item
         from wire.transport import send_message
-        for frame_id in range(frames):
-            send_message(self.socket, self.result(frame_id), token=self.token)
+        from workers.onward import RESULTS_BATCH
+        for start in range(0, frames, RESULTS_BATCH):
+            items = [done_item(self.result(i)) for i in range(start, min(frames, start + RESULTS_BATCH))]
+            send_message(self.socket, Results(items).to_message(), token=self.token)
 
     def send_summaries(self) -> None:
         from analysis.samples import Samples
@@ -214,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     pipe = sub.add_parser("pipeline", help="the model-free pipeline, images saved and not")
     pipe.add_argument("--rounds", type=int, default=3)
     pipe.add_argument("--frames", type=int, default=480)
+    pipe.add_argument("--repos", nargs="*", default=[], help="checkouts to compare, interleaved (default: this one)")
     pipe.add_argument("runner_args", nargs="*", help="more runner flags, after --")
     coll = sub.add_parser("collector", help="a collector alone, fed at full speed")
     coll.add_argument("--frames", type=int, default=30_000)

@@ -11,7 +11,7 @@ import time
 
 import zmq
 
-from collector.journal import Journal, Resume, frame_row, reload
+from collector.journal import BATCH_LINES, Journal, Resume, frame_row, reload
 from analysis.machine import usable_cores
 from backends.registry import backend_packages
 from collector.ledger import Expected, Ledger, account_missing
@@ -27,6 +27,9 @@ from wire.wiring import StageArgs
 PROGRESS_INTERVAL_S = 0.25
 RESOURCE_INTERVAL_S = 0.5
 DRAIN_AFTER_STOP_S = 3.0  # after a stop, wait this long for the workers' last summaries
+DRAIN_GAP_S = 0.01  # after taking what was queued, the collector waits this long before looking again
+WRITE_EVERY_FRAMES = BATCH_LINES  # new frames' records are written at least this often (the journal's batch)
+WRITE_EVERY_S = 0.1  # and at least this often
 COLLECTOR_TYPES = frozenset({RESULTS, RESULT, FAILED, STATS})
 DONE_FIELDS = SCHEMAS[DONE]
 
@@ -51,6 +54,8 @@ class Collected:
                                         lists.get("predictions.json"))
         self.journal = Journal(args.run_dir, log, reloaded.journal_end if reloaded else None)
         self.image_error: str | None = None
+        self.unwritten: list[dict] = []  # new frames whose records wait for the next write
+        self.unwritten_since = 0.0
         self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every,
                                       args.config.draw_options())
         self.views = SlotViews(args.run_tag)
@@ -103,10 +108,11 @@ class Collected:
         taken = [(item, self.ledger.add_result(item)) for item, _ in taken]
         new = [item for item, is_new in taken if is_new]
         if new:
-            found = self.detections.extend_text([(i["detections_json"], i["detections"]) for i in new])
-            predicted = self.predictions.extend_text([(i["predictions_json"], i["predictions"]) for i in new])
-            for item, lists in zip(new, zip(found, predicted)):
-                self.journal.frame(item, lists)  # after the records: it vouches for them
+            if not self.unwritten:
+                self.unwritten_since = time.perf_counter()
+            self.unwritten += new
+            if len(self.unwritten) >= WRITE_EVERY_FRAMES:
+                self.write()
             error = next((i["image_error"] for i in new if i.get("image_error")), None)
             if error and self.image_error is None:
                 self.image_error = error
@@ -117,6 +123,21 @@ class Collected:
                     self._video_frame(item, is_new, arrays)
                 except SlotError as exc:
                     self.drops.note(ProtocolError("slot", str(exc)), "results")
+
+    def write_due(self) -> bool:
+        return bool(self.unwritten) and time.perf_counter() - self.unwritten_since >= WRITE_EVERY_S
+
+    def write(self) -> None:
+        """The records of the frames taken since the last write, one write per list, then the
+        journal lines that vouch for them (a collector killed before loses at most
+        WRITE_EVERY_FRAMES frames, which postprocess sends again)."""
+        new, self.unwritten = self.unwritten, []
+        if new:
+            found = self.detections.extend_text([(i["detections_json"], i["detections"]) for i in new])
+            predicted = self.predictions.extend_text([(i["predictions_json"], i["predictions"]) for i in new])
+            for item, lists in zip(new, zip(found, predicted)):
+                self.journal.frame(item, lists)
+        self.journal.flush()
 
     def _video_frame(self, item: dict, new: bool, arrays: list) -> None:
         release = lambda: self.returns.release(item["id"], item.get("pre"), item.get("px"))  # noqa: E731 - called once the frame is written
@@ -129,6 +150,7 @@ class Collected:
 
     def finish_outputs(self) -> tuple[list[str], dict[str, str]]:
         """Close detections.json and predictions.json: (written, {name: error})."""
+        self.write()
         written, failed = [], {}
         for output in (self.detections, self.predictions):
             name = os.path.basename(output.path)
@@ -194,6 +216,8 @@ class Collector(Stage):
         self.collected.expected.gone(notice)
 
     def step(self) -> bool:
+        if self.collected.write_due():
+            self.collected.write()
         now = time.perf_counter()
         if now - self.last_progress > PROGRESS_INTERVAL_S:
             _send_progress(self.progress_out, self.collected.ledger, self.args)
@@ -206,7 +230,7 @@ class Collector(Stage):
     def receive(self, socket) -> None:
         with self.process.clock.busy():
             _drain_results(socket, self.collected, self.args, self.process.drops)
-            self.collected.journal.flush()
+        time.sleep(DRAIN_GAP_S)  # what arrives meanwhile is taken in one drain: fewer wake-ups, not more waiting
 
     def finish(self) -> None:
         process, collected, log, args = self.process, self.collected, self.log, self.args

@@ -13,7 +13,6 @@ the pixel limit raise :class:`~inputs.frames.FrameReadError`, as on the host pat
 from __future__ import annotations
 
 import re
-import struct
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,10 +23,9 @@ from torch import Tensor
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from inputs.frames import FrameReadError
-from inputs.imageio import DecodeOptions, check_pixel_limit, decode_image, image_size, is_jpeg
+from inputs.imageio import DecodeOptions, check_pixel_limit, decode_image, exif_orientation, image_size, is_jpeg
 from yolo.letterbox_device import upload_bgr
 
-_EXIF_ORIENTATION_TAG = 0x0112
 _SOURCE_PLACE = re.compile(r"^\S+, \S+:\d+, ")  # "decode_jpeg, .../decode_jpeg.cpp:171, " before the reason
 
 
@@ -46,36 +44,6 @@ class DeviceImage:
     original_shape: tuple[int, int]
     decoded_on: str = "device"
     reason: str = ""
-
-
-def exif_orientation(data: bytes | np.ndarray) -> int:
-    """The EXIF orientation (1-8) in a JPEG's APP1 segment; 1 when it has none or it cannot be
-    read. Only the segments before the first scan are looked at."""
-    data = memoryview(np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data).cast("B")
-    at = 2
-    while at + 4 <= len(data) and data[at] == 0xFF and data[at + 1] not in (0xDA, 0xD9):
-        length = struct.unpack(">H", data[at + 2:at + 4])[0]
-        if data[at + 1] == 0xE1 and bytes(data[at + 4:at + 10]) == b"Exif\0\0":
-            return _tiff_orientation(bytes(data[at + 10:at + 2 + length]))
-        at += 2 + length
-    return 1
-
-
-def _tiff_orientation(tiff: bytes) -> int:
-    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
-    if order is None or len(tiff) < 8:
-        return 1
-    ifd = struct.unpack(order + "I", tiff[4:8])[0]
-    if len(tiff) < ifd + 2:
-        return 1
-    for entry in range(struct.unpack(order + "H", tiff[ifd:ifd + 2])[0]):
-        start = ifd + 2 + 12 * entry
-        if len(tiff) < start + 10:
-            return 1
-        if struct.unpack(order + "H", tiff[start:start + 2])[0] == _EXIF_ORIENTATION_TAG:
-            value = struct.unpack(order + "H", tiff[start + 8:start + 10])[0]
-            return value if 1 <= value <= 8 else 1
-    return 1
 
 
 def orient(image: Tensor, orientation: int) -> Tensor:

@@ -41,11 +41,16 @@ def machine_busy_s() -> float:
 
 class ResourceSampler:
     """Samples [t_s, cpu_s, rss_bytes, pss_bytes] per process (t on the perf_counter clock of
-    every frame timestamp; cpu cumulative user + system). PSS costs a walk of the process's
-    whole address space (several ms for a process that maps torch), so it is read on one
-    sample in PSS_EVERY and None on the others; CPU and RSS are cheap and read every time."""
+    every frame timestamp; cpu cumulative user + system). PSS costs the kernel a walk of the
+    process's whole address space (about 6 ms for a process that maps torch: 65 CPU-ms for a
+    run's ten processes, measured), so a round of PSS reads comes at most every PSS_EVERY
+    samples and no sooner than its own cost allows within PSS_BUDGET of one core; the others
+    hold None. CPU and RSS are cheap and read every time; the process list (a scan of every
+    process of the machine) is read again every LIST_EVERY samples."""
 
     PSS_EVERY = 4
+    PSS_BUDGET = 0.005  # of one core: what the collector spends on PSS reads at most
+    LIST_EVERY = 4
     FIRST_PSS_READS = 2  # read on a process's first samples too: a short-lived worker still gets a PSS
 
     def __init__(self, runner_pid: int):
@@ -54,19 +59,34 @@ class ResourceSampler:
         self.machine_cpu: list[list[float]] = []  # [t_s, busy core-seconds of the whole machine]
         self.ticks = 0
         self.every = 1  # keep one sample in `every`: long runs keep a flat, coarser history
+        self.processes: list[psutil.Process] = []
+        self.next_pss_s = 0.0  # perf_counter time before which no round of PSS reads starts
 
     def sample(self, final: bool = False) -> None:
         self.ticks += 1
         if self.ticks % self.every and not final:
             return
-        with_pss = final or (self.ticks // self.every) % self.PSS_EVERY == 1
-        self.machine_cpu.append([time.perf_counter(), machine_busy_s()])
-        try:
-            runner = psutil.Process(self.runner_pid)
-            processes = [runner] + runner.children(recursive=True)
-        except psutil.Error:
-            return
-        for process in processes:
+        now = time.perf_counter()
+        with_pss = final or ((self.ticks // self.every) % self.PSS_EVERY == 1 and now >= self.next_pss_s)
+        self.machine_cpu.append([now, machine_busy_s()])
+        if final or not self.processes or self.ticks % self.LIST_EVERY == 1:
+            try:
+                runner = psutil.Process(self.runner_pid)
+                self.processes = [runner] + runner.children(recursive=True)
+            except psutil.Error:
+                return
+        cpu_before = time.process_time()
+        self._read(with_pss)
+        if with_pss:
+            self.next_pss_s = now + (time.process_time() - cpu_before) / self.PSS_BUDGET
+        if any(len(e["samples"]) >= MAX_SAMPLES_PER_PROCESS for e in self.series.values()):
+            for entry in self.series.values():
+                entry["samples"] = entry["samples"][::2]
+            self.machine_cpu = self.machine_cpu[::2]
+            self.every *= 2
+
+    def _read(self, with_pss: bool) -> None:
+        for process in self.processes:
             known = self.series.get(process.pid)
             read_pss = with_pss or known is None or known["pss_reads"] < self.FIRST_PSS_READS
             try:
@@ -84,11 +104,6 @@ class ResourceSampler:
             pss = getattr(memory, "pss", None)
             entry["pss_reads"] += pss is not None
             entry["samples"].append([time.perf_counter(), cpu.user + cpu.system, memory and memory.rss, pss])
-        if any(len(e["samples"]) >= MAX_SAMPLES_PER_PROCESS for e in self.series.values()):
-            for entry in self.series.values():
-                entry["samples"] = entry["samples"][::2]
-            self.machine_cpu = self.machine_cpu[::2]
-            self.every *= 2
 
     def add_exit_usage(self, name: str, pid: int, usage: dict) -> None:
         """A worker's own last sample (:func:`process.lifecycle.own_usage`), under the name its

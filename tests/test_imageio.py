@@ -172,3 +172,28 @@ def test_decode_errors_and_options():
     with pytest.raises(ValueError, match="max_pixels"):
         DecodeOptions(max_pixels=0)
 
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_full_jpeg_decode_gives_opencvs_pixels_in_every_exif_orientation(orientation):
+    """JPEGs are decoded by simplejpeg (libjpeg-turbo, cheaper than cv2.imdecode): the same
+    pixels as OpenCV's decode, EXIF orientation applied as OpenCV applies it."""
+    rng = np.random.default_rng(orientation)
+    image = cv2.GaussianBlur(rng.integers(0, 255, (96, 160, 3), np.uint8), (5, 5), 0)
+    data = with_exif_orientation(encode(image, ".jpg"), orientation)
+    decoded, full_shape, factor = decode_image(data, DecodeOptions(), "x.jpg")
+    expected = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    assert decoded.shape == expected.shape and full_shape == expected.shape[:2] and factor == 1
+    assert np.array_equal(decoded, expected)
+
+
+def test_a_jpeg_simplejpeg_refuses_is_decoded_by_opencv():
+    """A damaged JPEG (its last bytes cut) that libjpeg can still show: OpenCV's decode, as before."""
+    data = encode(np.full((64, 64, 3), 128, np.uint8), ".jpg")
+    cut = data[:-40]
+    expected = cv2.imdecode(cut, cv2.IMREAD_COLOR)
+    if expected is None:
+        with pytest.raises(FrameReadError):
+            decode_image(cut, DecodeOptions(), "cut.jpg")
+    else:
+        assert np.array_equal(decode_image(cut, DecodeOptions(), "cut.jpg")[0], expected)
