@@ -57,11 +57,10 @@ def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, na
     counts were filled in: each node fills them from its own resources."""
     units = units_of(plan, synthetic=cfg.source == SYNTHETIC_SOURCE)
     config = dataclasses.replace(given, name=cfg.name).as_dict()
-    folder: list[str] = []
     with joined(options.address) as ray:
         cluster = run_cluster(ray, config, units, options.lead_s, cfg.devices[0] != "cpu",
-                              on_placed=lambda: folder.append(make_run_dir(cfg.results, cfg.name, cfg.exist_ok)))
-    run_dir = folder[0]
+                              on_placed=lambda: make_run_dir(cfg.results, cfg.name, cfg.exist_ok))
+    run_dir = cluster.inbox.run_dir
     with signals_noted():
         return write_run_folder(run_dir, cluster, run_dir.rstrip("/").rsplit("/", 1)[-1], config, options.address,
                                 sum(u.frames for u in units), names) | {"run_dir": run_dir}
