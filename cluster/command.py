@@ -12,7 +12,7 @@ import dataclasses
 import json
 import logging
 
-from cluster.driver import run_cluster
+from cluster.driver import AUTO_DEVICE, run_cluster
 from cluster.ray_session import import_ray, joined, signals_noted
 from cluster.report import write_run_folder
 from cluster.work import units_of
@@ -51,6 +51,12 @@ def check_cluster_run(cfg: RunConfig, plan) -> None:
         raise ConfigError("--ray: --frames (looping a source) is not supported on a cluster; list the files")
 
 
+def driver_config(given: RunConfig) -> RunConfig:
+    """What the driver checks and plans with: ``--device auto`` is each node's to resolve, so
+    the driver, which runs no pipeline, checks the rest as for cpu."""
+    return dataclasses.replace(given, device="cpu") if given.device == AUTO_DEVICE else given
+
+
 def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, names, plan) -> dict:
     """Run the plan on the cluster and write the merged run folder; returns the report (its
     ``summary`` holds the exit code). ``given`` is the configuration before this host's automatic
@@ -58,7 +64,8 @@ def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, na
     units = units_of(plan, synthetic=cfg.source == SYNTHETIC_SOURCE)
     config = dataclasses.replace(given, name=cfg.name).as_dict()
     with joined(options.address) as ray:
-        cluster = run_cluster(ray, config, units, options.lead_s, cfg.devices[0] != "cpu",
+        use_gpus = given.device == AUTO_DEVICE or cfg.devices[0] != "cpu"
+        cluster = run_cluster(ray, config, units, options.lead_s, use_gpus,
                               on_placed=lambda: make_run_dir(cfg.results, cfg.name, cfg.exist_ok))
     run_dir = cluster.inbox.run_dir
     with signals_noted():
@@ -76,6 +83,6 @@ def print_report(report: dict, as_json: bool) -> None:
     fps = summary["fps"]
     print(f"throughput  {fps:.2f} fps over the nodes' windows" if fps else "throughput  -")
     for node in report["cluster"]["nodes"]:
-        print(f"  {node['node']:8} {node['host']:20} {node['processed']:6d} frames  "
+        print(f"  {node['node']:8} {node['host']:20} {node['device']:6} {node['processed']:6d} frames  "
               f"{node['fps'] or 0:8.2f} fps  {node['status']}")
     print(f"run folder  {summary['run_dir']}")

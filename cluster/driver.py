@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from cluster.inbox import Inbox, Received
 from cluster.node import NodeRunner
 from cluster.ray_session import Interrupted
+from cluster.reach import check_reach
 from cluster.work import Unit, WorkQueue, lead_frames, pipeline_depth, undone_parts
 
 log = logging.getLogger("cluster")
@@ -36,6 +37,7 @@ CALL_TIMEOUT_S = 60.0  # an actor that does not answer a quick call in this long
 ACTOR_START_TIMEOUT_S = 120.0
 CHUNK_BYTES = 8 << 20  # file bytes in one pulled chunk: what the driver holds of a node's outputs at once
 PULL_BUDGET_S = 0.2  # a node's chunks pulled one after another in a step, while they come full
+AUTO_DEVICE = "auto"  # --device auto: each node's own (cuda where it has a GPU)
 IDLE, RUNNING, FINISHING, DRAINING = "idle", "running", "finishing", "draining"
 
 
@@ -120,8 +122,11 @@ def place_nodes(ray, use_gpus: bool, config: dict) -> list[Node]:
 
 def node_config(config: dict, node: Node) -> dict:
     """The run's settings for ``node``: automatic worker counts (0) become its CPU count there,
-    not this host's; with GPUs, one inference process per GPU Ray gave the actor."""
+    not this host's; with GPUs, one inference process per GPU Ray gave the actor; ``--device
+    auto`` is cuda where Ray gave the actor a GPU, else cpu."""
     sized = dict(config)
+    if sized["device"] == AUTO_DEVICE:
+        sized["device"] = "cuda" if node.gpus else "cpu"
     for key in ("workers", "pre_workers", "post_workers"):
         sized[key] = sized[key] or sized["workers"] or node.cpus
     if not sized["infer_workers"]:
@@ -375,6 +380,7 @@ def run_cluster(ray, config: dict, units: list[Unit], lead_s: float, use_gpus: b
     nodes = place_nodes(ray, use_gpus, config)
     if not nodes:
         raise RuntimeError("the Ray cluster has no alive node with a CPU")
+    check_reach(ray, nodes, units)
     connect_s = time.perf_counter() - started
     log.info("cluster: %d nodes (%s) in %.1f s", len(nodes),
              ", ".join(f"{n.label} {n.host} {n.cpus} CPU{f' {n.gpus} GPU' if n.gpus else ''}" for n in nodes),

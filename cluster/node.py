@@ -29,6 +29,7 @@ import time
 
 from cluster.janitor import start_detached
 from cluster.outbox import Outbox
+from cluster.reach import unreachable
 from inputs.feed import END, FEED_PREFIX, FeedEntry, feed_path
 from settings.config import RunConfig, config_toml
 
@@ -75,6 +76,11 @@ class NodeRunner:
 
     async def describe(self) -> dict:
         return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.executable, "work_dir": self.work_dir}
+
+    async def reach(self, locations: list[str]) -> dict[str, str]:
+        """The locations this node cannot read, with why (cluster/reach.py)."""
+        found = {location: unreachable(location) for location in locations}
+        return {location: reason for location, reason in found.items() if reason}
 
     async def start(self, config: dict, readers: int) -> None:
         """Start a runner on an empty feed of ``readers`` files."""

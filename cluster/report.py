@@ -112,7 +112,7 @@ def node_rows(cluster) -> list[dict]:
         bound_fps = sum(m for m, _ in bound) / sum(m / b for m, b in bound) if bound else None
         ends = [r["throughput"]["window_end_unix"] for r in reports if r["throughput"].get("window_end_unix")]
         rows.append({"node": node.label, "node_id": node.node_id, "host": node.host, "address": node.address, "cpus": node.cpus,
-                     "gpus": node.gpus, "runs": len(mine),
+                     "gpus": node.gpus, "device": node.config.get("device", "-"), "runs": len(mine),
                      **{key: sum(r["frames"][key] for r in reports) for key in LEDGER},
                      "measured_frames": measured, "window_s": window, "window_end_unix": max(ends, default=None),
                      "fps": fps,
@@ -173,7 +173,7 @@ def build(cluster, run_id: str, config: dict, address: str, units_total: int) ->
                "wall_s": total["wall_s"], "latency_p50_ms": total["latency_ms"]["p50"],
                "latency_p95_ms": total["latency_ms"]["p95"], "latency_p99_ms": total["latency_ms"]["p99"],
                "bound_fps": total["bound_fps"], "efficiency": total["efficiency"],
-               "nodes": [{k: row[k] for k in ("node", "host", "processed", "fps", "status")} for row in rows],
+               "nodes": [{k: row[k] for k in ("node", "host", "device", "processed", "fps", "status")} for row in rows],
                "exit_code": code, "reason": reason}
     return {"run_id": run_id, "config": config, "cluster": {"address": address, "nodes": rows, "runs": runs,
             "requeued": cluster.requeued}, "frames": frames, "throughput": total, "latency_ms": total["latency_ms"],
@@ -192,10 +192,11 @@ def markdown(report: dict) -> str:
              f"Throughput {_f(t['fps'])} fps over the union of the nodes' windows ({_f(t['window_s'])} s); "
              f"latency p50 {_f(s['latency_p50_ms'])} p95 {_f(s['latency_p95_ms'])} p99 {_f(s['latency_p99_ms'])} ms; "
              f"bound {_f(t['bound_fps'])} fps (sum of the nodes'); efficiency {_f((t['efficiency'] or 0) * 100, 0)} %.",
-             "", "| node | host | CPUs | GPUs | runs | processed | fps | CPU ms/frame | bound fps | efficiency "
-             "| bottleneck | runner start s | status |", "|" + " --- |" * 13]
+             "", "| node | host | CPUs | GPUs | device | runs | processed | fps | CPU ms/frame | bound fps | efficiency "
+             "| bottleneck | runner start s | status |", "|" + " --- |" * 14]
     for r in report["cluster"]["nodes"]:
-        lines.append(f"| {r['node']} | {r['host']} | {r['cpus']} | {r['gpus']} | {r['runs']} | {r['processed']} | "
+        lines.append(f"| {r['node']} | {r['host']} | {r['cpus']} | {r['gpus']} | {r['device']} | {r['runs']} | "
+                     f"{r['processed']} | "
                      f"{_f(r['fps'])} | {_f(r['cpu_ms_per_frame'])} | {_f(r['bound_fps'])} | "
                      f"{_f((r['efficiency'] or 0) * 100, 0)} % | {r['bottleneck'] or '-'} | {_f(r['runner_start_s'])} | "
                      f"{r['status']} |")

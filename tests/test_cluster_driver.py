@@ -372,3 +372,24 @@ def test_sigterm_while_ray_joins_is_interrupted_and_signals_at_the_end_are_only_
         os.kill(os.getpid(), signal.SIGTERM)
         written = True
     assert written and "nearly done" in caplog.text
+
+
+def test_device_auto_is_each_nodes_own_and_the_driver_checks_as_for_cpu():
+    from cluster.command import driver_config
+    from cluster.driver import node_config
+    from settings.config import RunConfig
+    config = {"device": "auto", "workers": 0, "pre_workers": 0, "post_workers": 0, "infer_workers": 0}
+    gpu, cpu = Node(0, "a", "", 8, 2), Node(1, "b", "", 4, 0)
+    assert (node_config(config, gpu)["device"], node_config(config, gpu)["infer_workers"]) == ("cuda", 2)
+    assert (node_config(config, cpu)["device"], node_config(config, cpu)["infer_workers"]) == ("cpu", 4)
+    assert driver_config(RunConfig(device="auto")).device == "cpu" and driver_config(RunConfig()).device == "cpu"
+
+
+def test_a_sample_of_the_source_is_looked_at_from_each_node(tmp_path):
+    from cluster.reach import sampled_locations, unreachable
+    units = [Unit(i, 1, "image", str(tmp_path / f"{i}.jpg"), f"{i}.jpg", i) for i in range(7)]
+    assert sampled_locations(units) == [units[0].location, units[3].location, units[6].location]
+    assert sampled_locations([Unit(0, 1, "synthetic", "", "s/0.jpg", 0)]) == []
+    (tmp_path / "0.jpg").write_bytes(b"x")
+    assert unreachable(units[0].location) is None and unreachable(units[1].location) == "no such file or directory"
+    assert unreachable("http://127.0.0.1:1/x.mp4") is None, "OpenCV's URLs are their reader's to judge"
