@@ -1,7 +1,8 @@
 """``python runner.py --ray ADDRESS``: check what a cluster run can do, run it, merge, print.
 
 Sources: a finite list of frames visible to every node (files, folders, globs and lists on
-storage every node mounts at the same path, or URLs), fed to the nodes unit by unit; synthetic
+storage every node mounts at the same path, objects in a store such as ``s3://bucket/prefix``,
+or URLs; each node checks it reads a sample first), fed to the nodes unit by unit; synthetic
 frames, each with its own global id and scene. A live stream is one node's: refused here (run it
 without --ray).
 """

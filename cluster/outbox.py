@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import re
 from dataclasses import dataclass
 
 from analysis.atomic import PARTIAL_LIST
@@ -35,7 +34,6 @@ from collector.journal import JOURNAL_NAME
 OUTPUT_DIRS = ("images", "labels", "crops", "videos")
 LAST_OUTPUTS = ("videos",)  # written until the runner ends
 MAX_FRAMES_PER_CHUNK = 2000  # delivered frames in one chunk (with their records)
-DETECTIONS_PARTIAL = re.compile(PARTIAL_LIST.pattern.replace("(detections\\.json|predictions\\.json)", "detections\\.json"))
 
 
 @dataclass
@@ -121,7 +119,7 @@ class Outbox:
 
     def _detections_partial(self) -> str | None:
         try:
-            names = [n for n in os.listdir(self.run_dir) if DETECTIONS_PARTIAL.match(n)]
+            names = [n for n in os.listdir(self.run_dir) if PARTIAL_LIST.match(n) and n.startswith(".detections.")]
         except OSError:
             return None
         return os.path.join(self.run_dir, max(names)) if names else None
