@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 import shutil
 import socket
 import tempfile
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from collector.journal import JOURNAL_NAME
+from tests.conftest import FIXTURES_DIR
 from tests.store_server import BUCKET, fill_bucket, jpeg, s3_server
 from tests.test_cluster import (RUN_TIMEOUT_S, add_node, assert_ledger, driver_log, finish, node_processes,
                                 start_driver)
@@ -44,6 +46,13 @@ def store_cluster(store):
     yield made
     made.shutdown()
     shutil.rmtree(made.tmpdir, ignore_errors=True)
+
+
+def model_flags() -> list[str]:
+    """The real yolov5n at a low threshold where the fixture is there (detections, labels and
+    crops to stream); no model otherwise."""
+    weights = FIXTURES_DIR / "yolov5n.pt"
+    return ["--weights", str(weights), "--imgsz", "160", "--conf", "0.02"] if weights.is_file() else []
 
 
 def journaled(tmpdir: str, label: str) -> int:
@@ -87,7 +96,7 @@ def test_a_node_removed_mid_run_keeps_what_it_sent_and_every_output_is_written_o
     victim = add_node(store_cluster, "victim", num_cpus=1, slow="pre:5")
     results = tmp_path / "results"
     proc = start_driver(store_cluster, results, "--source", f"s3://{BUCKET}/imgs", "--save-images", "all",
-                        "--save-txt", env=store)
+                        "--save-txt", "--save-crop", *model_flags(), env=store)
     deadline = time.monotonic() + RUN_TIMEOUT_S / 2
     while journaled(store_cluster.tmpdir, "victim") < VICTIM_FRAMES:
         assert time.monotonic() < deadline and proc.poll() is None, driver_log(results)[-3000:]
@@ -106,8 +115,13 @@ def test_a_node_removed_mid_run_keeps_what_it_sent_and_every_output_is_written_o
     run = results / "run"
     images = sorted(str(p.relative_to(run / "images")) for p in (run / "images").rglob("*.jpg"))
     assert images == [f"{i // 100}/{i:04d}.jpg" for i in range(IMAGES)], "every annotated image once, by its name"
-    assert len(list((run / "labels").rglob("*.txt"))) <= IMAGES  # no model: a label file only with detections
     assert not [p for p in run.rglob(".*") if p.is_file()], "no partial copy or spill file left"
-    assert json.loads((run / "detections.json").read_text()) == []
+    records = json.loads((run / "detections.json").read_text())
+    per_image = Counter(r["image"] for r in records)
+    labels = {str(p.relative_to(run / "labels"))[:-4] + ".jpg": len(p.read_text().splitlines())
+              for p in (run / "labels").rglob("*.txt")}
+    assert labels == dict(per_image), "each frame's records once, as many as its label lines, whichever node"
+    assert len(list((run / "crops").rglob("*.jpg"))) == len(records) and {r["frame"] for r in records} <= set(
+        range(IMAGES))
     print(f"victim delivered {rows[False]['processed']} frames before it was removed; "
-          f"{report['cluster']['requeued'][0]['frames']} ran again on the other node")
+          f"{report['cluster']['requeued'][0]['frames']} ran again on the other node; {len(records)} detections")
