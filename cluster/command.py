@@ -1,7 +1,8 @@
 """``python runner.py --ray ADDRESS``: check what a cluster run can do, run it, merge, print.
 
 Sources: a finite list of frames visible to every node (files, folders, globs and lists on
-storage every node mounts at the same path, or URLs), fed to the nodes unit by unit; synthetic
+storage every node mounts at the same path, objects in a store such as ``s3://bucket/prefix``,
+or URLs; each node checks it reads a sample first), fed to the nodes unit by unit; synthetic
 frames, each with its own global id and scene. A live stream is one node's: refused here (run it
 without --ray).
 """
@@ -12,7 +13,7 @@ import dataclasses
 import json
 import logging
 
-from cluster.driver import run_cluster
+from cluster.driver import AUTO_DEVICE, run_cluster
 from cluster.ray_session import import_ray, joined, signals_noted
 from cluster.report import write_run_folder
 from cluster.work import units_of
@@ -51,17 +52,23 @@ def check_cluster_run(cfg: RunConfig, plan) -> None:
         raise ConfigError("--ray: --frames (looping a source) is not supported on a cluster; list the files")
 
 
+def driver_config(given: RunConfig) -> RunConfig:
+    """What the driver checks and plans with: ``--device auto`` is each node's to resolve, so
+    the driver, which runs no pipeline, checks the rest as for cpu."""
+    return dataclasses.replace(given, device="cpu") if given.device == AUTO_DEVICE else given
+
+
 def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, names, plan) -> dict:
     """Run the plan on the cluster and write the merged run folder; returns the report (its
     ``summary`` holds the exit code). ``given`` is the configuration before this host's automatic
     counts were filled in: each node fills them from its own resources."""
     units = units_of(plan, synthetic=cfg.source == SYNTHETIC_SOURCE)
     config = dataclasses.replace(given, name=cfg.name).as_dict()
-    folder: list[str] = []
     with joined(options.address) as ray:
-        cluster = run_cluster(ray, config, units, options.lead_s, cfg.devices[0] != "cpu",
-                              on_placed=lambda: folder.append(make_run_dir(cfg.results, cfg.name, cfg.exist_ok)))
-    run_dir = folder[0]
+        use_gpus = given.device == AUTO_DEVICE or cfg.devices[0] != "cpu"
+        cluster = run_cluster(ray, config, units, options.lead_s, use_gpus,
+                              on_placed=lambda: make_run_dir(cfg.results, cfg.name, cfg.exist_ok))
+    run_dir = cluster.inbox.run_dir
     with signals_noted():
         return write_run_folder(run_dir, cluster, run_dir.rstrip("/").rsplit("/", 1)[-1], config, options.address,
                                 sum(u.frames for u in units), names) | {"run_dir": run_dir}
@@ -77,6 +84,6 @@ def print_report(report: dict, as_json: bool) -> None:
     fps = summary["fps"]
     print(f"throughput  {fps:.2f} fps over the nodes' windows" if fps else "throughput  -")
     for node in report["cluster"]["nodes"]:
-        print(f"  {node['node']:8} {node['host']:20} {node['processed']:6d} frames  "
+        print(f"  {node['node']:8} {node['host']:20} {node['device']:6} {node['processed']:6d} frames  "
               f"{node['fps'] or 0:8.2f} fps  {node['status']}")
     print(f"run folder  {summary['run_dir']}")

@@ -3,11 +3,13 @@
 pipeline's depth plus ``lead_s`` seconds of its work ahead of what it finished.
 
 A node that goes faster finishes its feed sooner and so is given more; when the queue is empty
-every feed is ended, and each runner finishes what it holds and sends its outputs back.
+every feed is ended, and each runner finishes what it holds. Each node's outputs come while it
+runs, a chunk of at most ``CHUNK_BYTES`` at a time (cluster/outbox.py, cluster/inbox.py), and
+the rest once its runner exited (the node is "draining" then).
 
-Faults: a node whose actor died (the node with it) gives back every unit of its current run (its
-outputs never left the node), and they go first to the other nodes; an idle node starts a new
-runner for them. A runner that aborted keeps what its report accounts for, and what it never read
+Faults: a node whose actor died (the node with it) keeps what it delivered (whole units: frames
+journaled, records and files received) and gives back the rest of its current run, which goes
+first to the other nodes; an idle node starts a new runner for them. A runner that aborted keeps what its report accounts for, and what it never read
 goes back. With no node left, what remains is lost, with the reason. Ctrl-C (or SIGTERM): every
 runner gets SIGINT and drains (a partial report); nothing more is fed (those frames are
 cancelled); a second Ctrl-C is passed on too, and the runners kill their pipelines.
@@ -22,26 +24,35 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+from cluster.inbox import Inbox, Received
 from cluster.node import NodeRunner
 from cluster.ray_session import Interrupted
-from cluster.work import Unit, WorkQueue, lead_frames, pipeline_depth
+from cluster.reach import check_reach
+from cluster.work import Unit, WorkQueue, lead_frames, pipeline_depth, undone_parts
 
 log = logging.getLogger("cluster")
 
 POLL_S = 0.25  # how often the feeds are topped up and the runners looked at
 CALL_TIMEOUT_S = 60.0  # an actor that does not answer a quick call in this long is taken as gone
 ACTOR_START_TIMEOUT_S = 120.0
-IDLE, RUNNING, FINISHING = "idle", "running", "finishing"
+CHUNK_BYTES = 8 << 20  # file bytes in one pulled chunk: what the driver holds of a node's outputs at once
+PULL_BUDGET_S = 0.2  # a node's chunks pulled one after another in a step, while they come full
+AUTO_DEVICE = "auto"  # --device auto: each node's own (cuda where it has a GPU)
+IDLE, RUNNING, FINISHING, DRAINING = "idle", "running", "finishing", "draining"
 
 
 @dataclass
 class NodeRun:
-    """A runner on a node, the units fed to it, and what came back (``result``)."""
+    """A runner on a node, the units fed to it, what it delivered (``received``), what came
+    back at its exit (``result``), and the frames handed back then (``returned``)."""
 
     node: Node
     index: int
     units: list[Unit] = field(default_factory=list)
     result: dict | None = None
+    received: Received = field(default_factory=Received)
+    returned: set[int] = field(default_factory=set)
+    abort_reason: str = ""
 
     def global_id(self, local: int) -> int:
         ids = self.result["ids"]
@@ -67,6 +78,7 @@ class Node:
     fps: float | None = None  # frames per second of its current runner, measured on what it finished
     first_done: tuple[float, int] | None = None
     runs: int = 0
+    acknowledged: int = 0  # the last chunk of its outputs written here
 
     @property
     def label(self) -> str:
@@ -84,6 +96,8 @@ class ClusterRun:
     interrupted_by: int = 0  # the signal that stopped the run, or 0
     requeued: list[dict] = field(default_factory=list)
     connect_s: float = 0.0
+    salvaged: list[NodeRun] = field(default_factory=list)  # runs lost mid-way: what they delivered counts
+    inbox: Inbox | None = None
 
 
 def place_nodes(ray, use_gpus: bool, config: dict) -> list[Node]:
@@ -108,8 +122,11 @@ def place_nodes(ray, use_gpus: bool, config: dict) -> list[Node]:
 
 def node_config(config: dict, node: Node) -> dict:
     """The run's settings for ``node``: automatic worker counts (0) become its CPU count there,
-    not this host's; with GPUs, one inference process per GPU Ray gave the actor."""
+    not this host's; with GPUs, one inference process per GPU Ray gave the actor; ``--device
+    auto`` is cuda where Ray gave the actor a GPU, else cpu."""
     sized = dict(config)
+    if sized["device"] == AUTO_DEVICE:
+        sized["device"] = "cuda" if node.gpus else "cpu"
     for key in ("workers", "pre_workers", "post_workers"):
         sized[key] = sized[key] or sized["workers"] or node.cpus
     if not sized["infer_workers"]:
@@ -121,9 +138,9 @@ class Dispatcher:
     """The loop: start runners on idle nodes, top up the running ones' feeds, end the feeds when
     the queue is empty, collect what each runner sends back."""
 
-    def __init__(self, ray, nodes: list[Node], queue: WorkQueue, lead_s: float):
-        self.ray, self.nodes, self.queue, self.lead_s = ray, nodes, queue, lead_s
-        self.run = ClusterRun(nodes)
+    def __init__(self, ray, nodes: list[Node], queue: WorkQueue, lead_s: float, inbox: Inbox):
+        self.ray, self.nodes, self.queue, self.lead_s, self.inbox = ray, nodes, queue, lead_s, inbox
+        self.run = ClusterRun(nodes, inbox=inbox)
         self.stopping = 0  # Ctrl-Cs seen
 
     def alive(self, state: str | None = None) -> list[Node]:
@@ -133,7 +150,7 @@ class Dispatcher:
         while True:
             try:
                 self.step()
-                if not self.alive(RUNNING) and not self.alive(FINISHING) and (
+                if not self.alive(RUNNING) and not self.alive(FINISHING) and not self.alive(DRAINING) and (
                         not self.queue or self.stopping or not self.alive()):
                     break
                 self.wait_for_finishers()
@@ -148,6 +165,8 @@ class Dispatcher:
                 self.start_runner(node)
         for node in self.alive(RUNNING):
             self.top_up(node)
+        for node in self.alive(RUNNING) + self.alive(FINISHING) + self.alive(DRAINING):
+            self.pull(node)
         if not self.queue or self.stopping:
             for node in self.alive(RUNNING):
                 self.end_feed(node)
@@ -187,6 +206,33 @@ class Dispatcher:
         except self.ray.exceptions.RayError as exc:
             self.node_gone(node, _ray_reason(self.ray, exc))
 
+    def pull(self, node: Node) -> None:
+        """Chunks of the node's outputs, written here as they come: one a step, more while they
+        come full (within PULL_BUDGET_S); a draining node whose last chunk came is done."""
+        started = time.monotonic()
+        while True:
+            try:
+                chunk = self.ray.get(node.actor.pull.remote(CHUNK_BYTES, node.acknowledged), timeout=CALL_TIMEOUT_S)
+            except self.ray.exceptions.RayError as exc:
+                self.node_gone(node, _ray_reason(self.ray, exc))
+                return
+            self.inbox.receive(node.run.received, f"{node.label}-{node.run.index}", chunk)
+            node.acknowledged = chunk["seq"]
+            if chunk["done"] and node.state == DRAINING:
+                self.complete(node)
+                return
+            full = sum(len(p[2]) for p in chunk["pieces"]) >= CHUNK_BYTES or node.state == DRAINING
+            if not full or time.monotonic() - started > PULL_BUDGET_S:
+                return
+
+    def complete(self, node: Node) -> None:
+        """Every output of the node's runner is here: its run counts."""
+        run, node.run, node.state = node.run, None, IDLE
+        self.run.runs.append(run)
+        if run.abort_reason:
+            node.gone = run.abort_reason
+            log.error("%s: %s", node.label, node.gone)
+
     def measure(self, node: Node, done: int) -> None:
         """The node's speed: frames finished per second since its first finished frame."""
         now = time.monotonic()
@@ -205,15 +251,17 @@ class Dispatcher:
     def wait_for_finishers(self) -> None:
         refs = {n.finish_ref: n for n in self.alive(FINISHING)}
         if not refs:
-            time.sleep(POLL_S)
+            if not self.alive(DRAINING):
+                time.sleep(POLL_S)
             return
         ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
         for ref in ready:
             self.collect(refs[ref], ref)
 
     def collect(self, node: Node, ref) -> None:
-        """What a runner sent back. The node's state changes only once it came: a Ctrl-C during
-        the transfer leaves the same ref to wait on again."""
+        """What a runner sent back at its exit; its outputs' last chunks follow (draining). The
+        node's state changes only once it came: a Ctrl-C during the transfer leaves the same ref
+        to wait on again."""
         run = node.run
         try:
             result = self.ray.get(ref)
@@ -221,28 +269,29 @@ class Dispatcher:
             node.finish_ref = None
             self.node_gone(node, _ray_reason(self.ray, exc))
             return
-        run.result, node.state, node.finish_ref, node.run = result, IDLE, None, None
+        run.result, node.finish_ref = result, None
         if run.result is None:
+            node.state, node.run = IDLE, None
             return  # no runner had started (a Ctrl-C during its start)
         code, files = run.result["exit_code"], run.result["files"]
         if code == 2 or (code != 0 and "report.json" not in files and not self.stopping):
-            node.run = run  # its units go back whole
             tail = run.result["stderr_tail"].strip().splitlines()[-1:]
             self.node_gone(node, f"its runner exited with code {code} without a report: {tail or ''}")
             return
-        self.run.runs.append(run)
+        node.state = DRAINING
         unread = unaccounted(run) if "report.json" in files else []  # else the ledger counts them all
+        run.returned = {i for unit in unread for i in unit.ids}
         if unread:
             if self.stopping:
                 self.run.cancelled += unread
             else:
                 self.requeue(node, unread, f"its runner exited with code {code} before reading them")
         if code == 1:
-            node.gone = f"its pipeline aborted: {_reason(run.result)}"
-            log.error("%s: %s", node.label, node.gone)
+            run.abort_reason = f"its pipeline aborted: {_reason(run.result)}"
 
     def node_gone(self, node: Node, reason: str) -> None:
-        """Its current run's units go back to the queue (or are cancelled while stopping)."""
+        """What its current run delivered stays; the rest goes back to the queue (or is
+        cancelled while stopping)."""
         node.gone, node.state = reason, IDLE
         run, node.run = node.run, None
         log.warning("%s: %s", node.label, reason)
@@ -250,11 +299,16 @@ class Dispatcher:
             self.ray.kill(node.actor)
         except Exception:  # already dead
             pass
-        if run is not None and run.units:
-            if self.stopping:
-                self.run.cancelled += run.units
-            else:
-                self.requeue(node, run.units, reason)
+        if run is not None:
+            self.inbox.abandon(run.received)
+            if run.received.delivered:
+                self.run.salvaged.append(run)
+            done = set(run.received.delivered) | run.returned
+            undone = [part for unit in run.units for part in undone_parts(unit, done)]
+            if undone and self.stopping:
+                self.run.cancelled += undone
+            elif undone:
+                self.requeue(node, undone, reason)
         if not self.alive() and self.queue:
             reason = "no node left: " + "; ".join(f"{n.label} {n.gone}" for n in self.nodes)
             self.run.lost += [(u, reason) for u in self.queue.drain()]
@@ -320,17 +374,18 @@ def _reason(result: dict) -> str:
 
 
 def run_cluster(ray, config: dict, units: list[Unit], lead_s: float, use_gpus: bool, on_placed) -> ClusterRun:
-    """Place the actors, call ``on_placed()`` (the driver makes its run folder then: a run that
-    never reached a node leaves none), run every unit once."""
+    """Place the actors, call ``on_placed()`` for the run folder (the driver makes it then: a
+    run that never reached a node leaves none), run every unit once, its outputs written there."""
     started = time.perf_counter()
     nodes = place_nodes(ray, use_gpus, config)
     if not nodes:
         raise RuntimeError("the Ray cluster has no alive node with a CPU")
+    check_reach(ray, nodes, units)
     connect_s = time.perf_counter() - started
     log.info("cluster: %d nodes (%s) in %.1f s", len(nodes),
              ", ".join(f"{n.label} {n.host} {n.cpus} CPU{f' {n.gpus} GPU' if n.gpus else ''}" for n in nodes),
              connect_s)
-    on_placed()
-    result = Dispatcher(ray, nodes, WorkQueue(units), lead_s).loop()
+    inbox = Inbox(on_placed())
+    result = Dispatcher(ray, nodes, WorkQueue(units), lead_s, inbox).loop()
     result.connect_s = connect_s
     return result

@@ -7,9 +7,10 @@ starts under ``cluster.guard`` (it stops when this actor dies; see there) in its
 with ``--source feed:DIR`` (one file per preprocess worker) and a private run folder in this
 node's temporary folder. Each unit fed goes to the reader with the least work left; the ids fed
 to reader ``w``, in order, map its ``k``-th frame (local id ``k * readers + w``) back to a global
-id. What the node finished is read from the collector's journal as it grows. At the end the
-run's outputs come back to the driver as bytes through Ray: the reports, detections and
-annotated images are small, the input frames never leave the node. No Ray import here: the
+id. What the node finished is read from the collector's journal as it grows. The run's outputs
+go to the driver in chunks while it runs (:meth:`NodeRunner.pull`, cluster/outbox.py): each
+chunk is kept until the next call acknowledges it, and the run's folder goes once the last
+one is taken. The input frames never leave the node. No Ray import here: the
 driver wraps this class with ``ray.remote``.
 """
 
@@ -27,13 +28,13 @@ import tempfile
 import time
 
 from cluster.janitor import start_detached
+from cluster.outbox import Outbox
+from cluster.reach import unreachable
 from inputs.feed import END, FEED_PREFIX, FeedEntry, feed_path
-from collector.journal import JOURNAL_NAME
 from settings.config import RunConfig, config_toml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RETURNED_FILES = ("report.json", "detections.json", "trace.json")
-RETURNED_DIRS = ("images", "videos", "labels", "crops")
+RETURNED_FILES = ("report.json", "trace.json")  # with the runner's exit; the rest is pulled
 LOG_TAIL_BYTES = 2000  # of the runner's stderr, for the reason of a run that failed
 
 
@@ -47,8 +48,7 @@ class FeedRun:
     started_unix: float
     done: set[int] = dataclasses.field(default_factory=set)  # local ids finished (processed or failed)
     done_by_reader: list[int] = dataclasses.field(default_factory=list)
-    journal_offset: int = 0
-    partial_line: bytes = b""
+    outbox: Outbox | None = None
     ended: bool = False
 
     @property
@@ -71,9 +71,16 @@ class NodeRunner:
         self.run: FeedRun | None = None
         self.finishing: asyncio.Future | None = None
         self.runs = 0
+        self.chunks = 0  # chunks taken, over every run
+        self.unacknowledged: dict | None = None  # the last chunk, until the driver says it has it
 
     async def describe(self) -> dict:
         return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.executable, "work_dir": self.work_dir}
+
+    async def reach(self, locations: list[str]) -> dict[str, str]:
+        """The locations this node cannot read, with why (cluster/reach.py)."""
+        found = {location: unreachable(location) for location in locations}
+        return {location: reason for location, reason in found.items() if reason}
 
     async def start(self, config: dict, readers: int) -> None:
         """Start a runner on an empty feed of ``readers`` files."""
@@ -82,7 +89,8 @@ class NodeRunner:
         feed_dir = os.path.join(folder, "feed")
         os.makedirs(feed_dir)
         feeds = [open(feed_path(feed_dir, reader), "ab", buffering=0) for reader in range(readers)]
-        self.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers)
+        self.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers,
+                           outbox=Outbox(os.path.join(folder, "run")))
         self.finishing = None
         try:
             await self._spawn(config, readers, folder, feed_dir)
@@ -114,6 +122,8 @@ class NodeRunner:
         for ids, fields in units:
             reader = min(range(run.readers), key=run.left)
             run.feeds[reader].write(FeedEntry(**fields).line())
+            position = len(run.ids[reader])
+            run.outbox.fed(fields["name"], [(position + i) * run.readers + reader for i in range(len(ids))], ids)
             run.ids[reader].extend(ids)
 
     async def progress(self) -> dict:
@@ -139,13 +149,32 @@ class NodeRunner:
         self._end_feed(run)
         stdout, _ = await self.waiter
         finished = time.time()
+        files = read_files(os.path.join(run.folder, "run"))
+        run.outbox.finished(json.loads(files["report.json"]) if "report.json" in files else None)
         result = {"exit_code": self.proc.returncode, "stdout": stdout.decode(errors="replace"),
-                  "started_unix": run.started_unix, "finished_unix": finished, "ids": run.ids,
-                  "files": read_outputs(os.path.join(run.folder, "run")),
+                  "started_unix": run.started_unix, "finished_unix": finished, "ids": run.ids, "files": files,
                   "stderr_tail": _tail(os.path.join(run.folder, "stderr.log"))}
-        shutil.rmtree(run.folder, ignore_errors=True)
-        self.run, self.proc, self.waiter = None, None, None
+        self.proc, self.waiter = None, None  # the run's folder stays until its outputs are pulled
         return result
+
+    async def pull(self, max_bytes: int, acknowledged: int) -> dict:
+        """The next chunk of the run's outputs (cluster/outbox.py), numbered ``seq``; the last one
+        again when the driver has not acknowledged it. The chunk that says ``done`` (the runner
+        exited and everything went) removes the run's folder."""
+        if self.unacknowledged is not None and self.unacknowledged["seq"] > acknowledged:
+            return self.unacknowledged
+        run = self.run
+        if run is None:
+            return {"seq": acknowledged, "pieces": [], "frames": [], "records": [], "done": True}
+        if not run.outbox.final:
+            self._read_journal(run)
+        self.chunks += 1
+        chunk = dict(run.outbox.take(max_bytes), seq=self.chunks)
+        if chunk["done"]:
+            shutil.rmtree(run.folder, ignore_errors=True)
+            self.run = None
+        self.unacknowledged = chunk
+        return chunk
 
     async def interrupt(self) -> bool:
         """Ctrl-C for the runner: the first drains it (a partial report), a second kills."""
@@ -166,54 +195,21 @@ class NodeRunner:
             feed.close()
 
     def _read_journal(self, run: FeedRun) -> None:
-        """The frames the collector journaled since the last look (a restarted collector cuts
-        its journal back: then it is read again from the start)."""
-        path = os.path.join(run.folder, "run", JOURNAL_NAME)
-        try:
-            size = os.path.getsize(path)
-            if size < run.journal_offset:
-                run.journal_offset, run.partial_line = 0, b""
-            with open(path, "rb") as f:
-                f.seek(run.journal_offset)
-                data = f.read()
-        except OSError:
-            return  # not made yet, or removed at the end
-        run.journal_offset += len(data)
-        *lines, run.partial_line = (run.partial_line + data).split(b"\n")
-        for line in lines:
-            local = _journaled_frame(line)
-            if local is not None and local not in run.done:
+        """The frames the collector journaled since the last look."""
+        for local in run.outbox.read_journal():
+            if local not in run.done:
                 run.done.add(local)
                 run.done_by_reader[local % run.readers] += 1
 
 
-def _journaled_frame(line: bytes) -> int | None:
-    """The frame id of a journal line of a processed or failed frame."""
-    try:
-        entry = json.loads(line)
-    except ValueError:
-        return None
-    if "f" in entry:
-        return int(entry["f"][0])
-    if "failed" in entry:
-        return int(entry["failed"]["id"])
-    return None
-
-
-def read_outputs(run_dir: str) -> dict[str, bytes]:
-    """The run folder's files the driver merges, by path relative to the folder."""
+def read_files(run_dir: str) -> dict[str, bytes]:
+    """The run's report and trace, which come back with its exit."""
     files = {}
     for name in RETURNED_FILES:
         path = os.path.join(run_dir, name)
         if os.path.isfile(path):
             with open(path, "rb") as f:
                 files[name] = f.read()
-    for top in RETURNED_DIRS:
-        for root, _dirs, names in os.walk(os.path.join(run_dir, top)):
-            for name in names:
-                path = os.path.join(root, name)
-                with open(path, "rb") as f:
-                    files[os.path.relpath(path, run_dir)] = f.read()
     return files
 
 

@@ -16,7 +16,8 @@ from analysis.atomic import write_bytes_atomic
 from analysis.report import id_ranges, json_safe
 from analysis.samples import summarise_ms
 from analysis.stats import ratio
-from cluster.merge import merged_trace, run_report, write_outputs
+from cluster.merge import merged_trace, run_report
+from cluster.work import undone_parts
 from supervisor import exit_codes
 from supervisor.prepare import point_latest
 
@@ -34,26 +35,37 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def ledger(cluster, units_total: int) -> dict:
-    """in = processed + failed + lost + cancelled over global ids, with every failure named."""
+    """in = processed + failed + lost + cancelled over global ids, with every failure named. A run
+    that came back counts by its report; one lost mid-way (or without a report) by the frames it
+    delivered, and the rest of a run without a report is lost (or cancelled, stopped before it
+    started)."""
     counts = {key: 0 for key in LEDGER}
     failures, cancelled_ids, processed_ids = [], [], []
     for run in cluster.runs:
         report = run_report(run)
-        if report is None and "interrupted before the run started" in run.result["stderr_tail"]:
-            cancelled_ids += [i for u in run.units for i in u.ids]
-            continue  # stopped before its pipeline started: nothing of it ran
         if report is None:
-            reason = f"{run.node.label}: the runner exited with code {run.result['exit_code']} without a report"
-            failures += _lost(run.units, reason, run.node.label)
+            processed, failed = delivered(run)
+            processed_ids += processed
+            failures += failed
+            undelivered = [u for u in run.units for u in undone_parts(u, set(run.received.delivered))]
+            if "interrupted before the run started" in run.result["stderr_tail"]:
+                cancelled_ids += [i for u in undelivered for i in u.ids]
+            else:
+                reason = f"{run.node.label}: the runner exited with code {run.result['exit_code']} without a report"
+                failures += _lost(undelivered, reason, run.node.label)
             continue
-        counts["processed"] += report["frames"]["processed"]
         processed_ids += [run.global_id(i) for first, last in report["frames"].get("processed_ids", [])
                           for i in range(first, last + 1)]
         failures += [dict(f, id=run.global_id(f["id"]), node=run.node.label) for f in report["frames"]["failures"]]
         cancelled_ids += [run.global_id(i) for first, last in report["frames"]["cancelled_ids"]
                           for i in range(first, last + 1)]
+    for run in cluster.salvaged:
+        processed, failed = delivered(run)
+        processed_ids += processed
+        failures += failed
     for unit, reason in cluster.lost:
         failures += _lost([unit], reason, None)
+    counts["processed"] = len(processed_ids)
     counts["lost"] = sum(1 for f in failures if f.get("kind") == "lost")
     counts["failed"] = len(failures) - counts["lost"]
     cancelled_ids += [u.first_id + i for u in cluster.cancelled for i in range(u.frames)]
@@ -64,6 +76,13 @@ def ledger(cluster, units_total: int) -> dict:
     return {**counts, "accounted": accounted, "failures": sorted(failures, key=lambda f: f["id"]),
             "cancelled_ids": id_ranges(cancelled_ids), "processed_ids": id_ranges(processed_ids),
             "processed_twice": twice}
+
+
+def delivered(run) -> tuple[list[int], list[dict]]:
+    """The global ids a run delivered processed, and its delivered failures."""
+    processed = [i for i, failure in run.received.delivered.items() if failure is None]
+    failed = [dict(failure, id=i, node=run.node.label) for i, failure in run.received.delivered.items() if failure]
+    return processed, failed
 
 
 def _lost(units, reason: str, node: str | None) -> list[dict]:
@@ -93,7 +112,7 @@ def node_rows(cluster) -> list[dict]:
         bound_fps = sum(m for m, _ in bound) / sum(m / b for m, b in bound) if bound else None
         ends = [r["throughput"]["window_end_unix"] for r in reports if r["throughput"].get("window_end_unix")]
         rows.append({"node": node.label, "node_id": node.node_id, "host": node.host, "address": node.address, "cpus": node.cpus,
-                     "gpus": node.gpus, "runs": len(mine),
+                     "gpus": node.gpus, "device": node.config.get("device", "-"), "runs": len(mine),
                      **{key: sum(r["frames"][key] for r in reports) for key in LEDGER},
                      "measured_frames": measured, "window_s": window, "window_end_unix": max(ends, default=None),
                      "fps": fps,
@@ -102,6 +121,12 @@ def node_rows(cluster) -> list[dict]:
                      "bottleneck": bottlenecks.most_common(1)[0][0] if bottlenecks else None,
                      "runner_start_s": sum(overheads) / len(overheads) if overheads else None,
                      "status": node.gone or "ok"})
+    for row, node in zip(rows, cluster.nodes):  # frames a run delivered before it was lost count too
+        for run in cluster.salvaged + [run for run in cluster.runs if run_report(run) is None]:
+            if run.node is node:
+                processed, failed = delivered(run)
+                row["processed"] += len(processed)
+                row["failed"] += len(failed)
     return rows
 
 
@@ -148,7 +173,7 @@ def build(cluster, run_id: str, config: dict, address: str, units_total: int) ->
                "wall_s": total["wall_s"], "latency_p50_ms": total["latency_ms"]["p50"],
                "latency_p95_ms": total["latency_ms"]["p95"], "latency_p99_ms": total["latency_ms"]["p99"],
                "bound_fps": total["bound_fps"], "efficiency": total["efficiency"],
-               "nodes": [{k: row[k] for k in ("node", "host", "processed", "fps", "status")} for row in rows],
+               "nodes": [{k: row[k] for k in ("node", "host", "device", "processed", "fps", "status")} for row in rows],
                "exit_code": code, "reason": reason}
     return {"run_id": run_id, "config": config, "cluster": {"address": address, "nodes": rows, "runs": runs,
             "requeued": cluster.requeued}, "frames": frames, "throughput": total, "latency_ms": total["latency_ms"],
@@ -167,10 +192,11 @@ def markdown(report: dict) -> str:
              f"Throughput {_f(t['fps'])} fps over the union of the nodes' windows ({_f(t['window_s'])} s); "
              f"latency p50 {_f(s['latency_p50_ms'])} p95 {_f(s['latency_p95_ms'])} p99 {_f(s['latency_p99_ms'])} ms; "
              f"bound {_f(t['bound_fps'])} fps (sum of the nodes'); efficiency {_f((t['efficiency'] or 0) * 100, 0)} %.",
-             "", "| node | host | CPUs | GPUs | runs | processed | fps | CPU ms/frame | bound fps | efficiency "
-             "| bottleneck | runner start s | status |", "|" + " --- |" * 13]
+             "", "| node | host | CPUs | GPUs | device | runs | processed | fps | CPU ms/frame | bound fps | efficiency "
+             "| bottleneck | runner start s | status |", "|" + " --- |" * 14]
     for r in report["cluster"]["nodes"]:
-        lines.append(f"| {r['node']} | {r['host']} | {r['cpus']} | {r['gpus']} | {r['runs']} | {r['processed']} | "
+        lines.append(f"| {r['node']} | {r['host']} | {r['cpus']} | {r['gpus']} | {r['device']} | {r['runs']} | "
+                     f"{r['processed']} | "
                      f"{_f(r['fps'])} | {_f(r['cpu_ms_per_frame'])} | {_f(r['bound_fps'])} | "
                      f"{_f((r['efficiency'] or 0) * 100, 0)} % | {r['bottleneck'] or '-'} | {_f(r['runner_start_s'])} | "
                      f"{r['status']} |")
@@ -183,7 +209,7 @@ def markdown(report: dict) -> str:
 def write_run_folder(run_dir: str, cluster, run_id: str, config: dict, address: str, units_total: int,
                      class_names) -> dict:
     """Every merged file, report.json last but one and results/latest last; returns the report."""
-    outputs = write_outputs(run_dir, cluster.runs, class_names)
+    outputs = cluster.inbox.write_lists(class_names)
     report = build(cluster, run_id, config, address, units_total)
     report["outputs"] = outputs
     origin = min((run.result["started_unix"] for run in cluster.runs), default=0.0)

@@ -53,6 +53,20 @@ class Unit:
                     self.start + skipped, self.reason)
 
 
+def undone_parts(unit: Unit, done: set[int]) -> list[Unit]:
+    """The parts of ``unit`` holding its frames not in ``done``, each a unit of its own (the
+    frames of a video between two done stretches keep their place in it)."""
+    parts, first = [], None
+    for frame_id in [*unit.ids, unit.first_id + unit.frames]:
+        if frame_id < unit.first_id + unit.frames and frame_id not in done:
+            first = frame_id if first is None else first
+        elif first is not None:
+            parts.append(Unit(first, frame_id - first, unit.kind, unit.location, unit.name, unit.item,
+                              unit.start + first - unit.first_id, unit.reason))
+            first = None
+    return parts
+
+
 def units_of(plan, synthetic: bool) -> list[Unit]:
     """The plan's units (a finite plan: a stream is one node's and has no place here)."""
     if synthetic:

@@ -66,8 +66,9 @@ class FeedEntry:
     reason: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind not in FEED_KINDS:
-            raise ValueError(f"expected a feed entry of kind {sorted(FEED_KINDS)}, got {self.kind!r}")
+        if self.kind not in FEED_KINDS and not _finite_kind(self.kind):
+            raise ValueError(f"expected a feed entry of kind {sorted(FEED_KINDS)} or another finite input kind, "
+                             f"got {self.kind!r}")
         for name in ("frames", "item", "start", "scene"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (name == "frames"):
@@ -84,6 +85,14 @@ class FeedEntry:
             return None if fields.get("end") is True else cls(**fields)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"expected a feed line (JSON of a FeedEntry), got {line[:200]!r}: {exc}") from None
+
+
+def _finite_kind(name: str) -> bool:
+    """A registered kind whose frames are read one by one (an image in object storage, a
+    plugin's); imported here, not at the top: inputs.kinds imports this module."""
+    from inputs.kinds import input_kinds
+    return any(kind.name == name and kind.read is not None and not kind.live and not kind.video
+               for kind in input_kinds())
 
 
 def feed_items(source: str) -> list[SourceItem]:

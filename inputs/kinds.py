@@ -156,3 +156,8 @@ def file_kind(extension: str) -> InputKind | None:
 def file_extensions() -> frozenset[str]:
     """The extensions of every kind's files: the rest of a folder is left out."""
     return frozenset(ext for kind in _KINDS.values() for ext in kind.extensions)
+
+
+# The tree's kinds in modules of their own register themselves; imported last, so that they find
+# this module's names whichever of the two is imported first.
+from inputs import object_store  # noqa: E402,F401  ("stored": s3://, gs://, ... through fsspec)

@@ -11,6 +11,7 @@ import pytest
 
 from cluster import driver as driver_module
 from cluster.driver import Dispatcher, Node, NodeRun
+from cluster.inbox import Inbox, Received
 from cluster.ray_session import ClusterUnreachable, check_address
 from cluster.report import ledger
 from cluster.work import Unit, WorkQueue
@@ -95,7 +96,10 @@ class FakeNode:
         self.done = 0
         self.dead = False
         self.interrupted = 0  # SIGINTs passed on to its runner
-        for name in ("start", "feed", "progress", "finish", "interrupt", "close", "describe"):
+        self.sent = 0  # frames delivered through pull
+        self.chunks = 0
+        self.finished = False
+        for name in ("start", "feed", "progress", "finish", "interrupt", "close", "describe", "pull"):
             setattr(self, name, Method(getattr(self, "_" + name)))
 
     def _alive(self):
@@ -104,7 +108,7 @@ class FakeNode:
 
     def _start(self, config, readers):
         self._alive()
-        self.ids, self.done = [], 0
+        self.ids, self.done, self.sent, self.finished = [], 0, 0, False
         self.starts += 1
 
     def _feed(self, units):
@@ -145,7 +149,18 @@ class FakeNode:
         result = Result(exit_code=code, stdout=stdout, stderr_tail="", ids=[list(self.ids)], started_unix=0.0,
                         files={"report.json": json.dumps(report).encode()}, finished_unix=1.0)
         result.interrupt_transfer, self.interrupt_transfer = self.interrupt_transfer, False
+        self.finished = True
         return result
+
+    def _pull(self, max_bytes, acknowledged):
+        """Delivers the frames done but the newest one (its files still being written) while the
+        runner runs, everything it did once it finished."""
+        self._alive()
+        upto = self.done if self.finished else max(self.sent, self.done - 1)
+        frames = [(i, None) for i in self.ids[self.sent:upto]]
+        self.sent = upto
+        self.chunks += 1
+        return {"seq": self.chunks, "pieces": [], "frames": frames, "records": [], "done": self.finished}
 
     def _interrupt(self):
         self.interrupted += 1
@@ -158,7 +173,8 @@ class FakeNode:
         return {"host": "fake"}
 
 
-def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: tuple[int, ...] = (), monkeypatch=None):
+def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: tuple[int, ...] = (), monkeypatch=None,
+             run_dir=None):
     monkeypatch.setattr(driver_module.time, "sleep", lambda _s: None)
     config = {"batch_size": 1, "prefetch": 1, "infer_workers": 1, "post_workers": 1, "pre_workers": 1}
     placed = []
@@ -167,7 +183,7 @@ def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: tuple[int, ..
         placed.append(node)
     units = [Unit(i, 1, "synthetic", "", f"synthetic/{i:05d}.jpg", i) for i in range(frames)]
     ray = FakeRay()
-    dispatcher = Dispatcher(ray, placed, WorkQueue(units), lead_s=1.0)
+    dispatcher = Dispatcher(ray, placed, WorkQueue(units), 1.0, Inbox(str(run_dir)))
     if stop_after_steps:
         steps = {"count": 0}
         original = dispatcher.step
@@ -185,10 +201,13 @@ def run_fake(nodes: list[FakeNode], frames: int, stop_after_steps: tuple[int, ..
 
 
 def processed_ids(cluster) -> list[int]:
-    """The global ids of every frame the runs that came back processed, sorted, repeats kept."""
-    return sorted(run.global_id(i) for run in cluster.runs if "report.json" in run.result["files"]
-                  for first, last in json.loads(run.result["files"]["report.json"])["frames"]["processed_ids"]
-                  for i in range(first, last + 1))
+    """The global ids of every frame processed: by the runs that came back (their reports) and
+    those delivered by runs lost mid-way; sorted, repeats kept."""
+    reported = [run.global_id(i) for run in cluster.runs if "report.json" in run.result["files"]
+                for first, last in json.loads(run.result["files"]["report.json"])["frames"]["processed_ids"]
+                for i in range(first, last + 1)]
+    salvaged = [i for run in cluster.salvaged for i, failure in run.received.delivered.items() if failure is None]
+    return sorted(reported + salvaged)
 
 
 def accounted(cluster, frames: int) -> dict:
@@ -197,9 +216,9 @@ def accounted(cluster, frames: int) -> dict:
     return result
 
 
-def test_a_runner_that_aborts_keeps_what_it_did_and_its_unread_frames_go_to_the_other_node(monkeypatch):
+def test_a_runner_that_aborts_keeps_what_it_did_and_its_unread_frames_go_to_the_other_node(monkeypatch, tmp_path):
     nodes = [FakeNode(speed=2, abort_after=5), FakeNode(speed=3)]
-    cluster = run_fake(nodes, 200, monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 200, monkeypatch=monkeypatch, run_dir=tmp_path)
     result = accounted(cluster, 200)
     assert result["processed"] == 200
     assert cluster.nodes[0].gone == "its pipeline aborted: inference crashed 4 times"
@@ -207,20 +226,22 @@ def test_a_runner_that_aborts_keeps_what_it_did_and_its_unread_frames_go_to_the_
     assert processed_ids(cluster) == list(range(200)), "every frame once"
 
 
-def test_a_node_that_dies_gives_back_every_frame_fed_to_it(monkeypatch):
+def test_a_node_that_dies_keeps_what_it_delivered_and_gives_back_the_rest(monkeypatch, tmp_path):
     nodes = [FakeNode(speed=2, dies_after=6), FakeNode(speed=3)]
-    cluster = run_fake(nodes, 100, monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 100, monkeypatch=monkeypatch, run_dir=tmp_path)
     result = accounted(cluster, 100)
-    assert result["processed"] == 100 and result["lost"] == 0
+    assert result["processed"] == 100 and result["lost"] == 0 and result["processed_twice"] == 0
     assert "actor died" in cluster.nodes[0].gone
-    assert [run.node.index for run in cluster.runs] == [1]  # the dead node's outputs never came
+    assert [run.node.index for run in cluster.runs] == [1]  # the dead node's run never came back whole
+    delivered = sorted(cluster.salvaged[0].received.delivered)
+    assert delivered == nodes[0].ids[:len(delivered)] and 0 < len(delivered) < 6, "whole frames, in feed order"
     assert processed_ids(cluster) == list(range(100))
-    assert cluster.requeued[0]["frames"] >= 6
+    assert cluster.requeued[0]["frames"] == len(nodes[0].ids) - len(delivered)
 
 
-def test_a_runner_that_exits_2_gives_back_all_it_was_fed(monkeypatch):
+def test_a_runner_that_exits_2_gives_back_all_it_was_fed(monkeypatch, tmp_path):
     nodes = [FakeNode(speed=2, exit_2=True), FakeNode(speed=3)]
-    cluster = run_fake(nodes, 50, monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 50, monkeypatch=monkeypatch, run_dir=tmp_path)
     result = accounted(cluster, 50)
     assert result["processed"] == 50
     assert "exited with code 2" in cluster.nodes[0].gone and "weights not found" in cluster.nodes[0].gone
@@ -228,24 +249,26 @@ def test_a_runner_that_exits_2_gives_back_all_it_was_fed(monkeypatch):
     assert processed_ids(cluster) == list(range(50))
 
 
-def test_with_no_node_left_the_rest_is_lost_with_the_reason(monkeypatch):
+def test_with_no_node_left_the_rest_is_lost_with_the_reason(monkeypatch, tmp_path):
     nodes = [FakeNode(speed=2, dies_after=4), FakeNode(speed=2, dies_after=4)]
-    cluster = run_fake(nodes, 60, monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 60, monkeypatch=monkeypatch, run_dir=tmp_path)
     result = accounted(cluster, 60)
-    assert result["lost"] == 60 and result["processed"] == 0
+    kept = sum(len(run.received.delivered) for run in cluster.salvaged)
+    assert 0 < kept < 8 and result["processed"] == kept, "what the nodes delivered before they died counts"
+    assert result["lost"] == 60 - kept
     assert all("no node left" in f["reason"] for f in result["failures"])
 
 
-def test_ctrl_c_cancels_what_was_never_fed_or_never_read(monkeypatch):
+def test_ctrl_c_cancels_what_was_never_fed_or_never_read(monkeypatch, tmp_path):
     nodes = [FakeNode(speed=2), FakeNode(speed=3)]
-    cluster = run_fake(nodes, 500, stop_after_steps=(4,), monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 500, stop_after_steps=(4,), monkeypatch=monkeypatch, run_dir=tmp_path)
     result = accounted(cluster, 500)
     assert cluster.interrupted_by == signal.SIGINT
     assert 0 < result["processed"] < 500 and result["cancelled"] == 500 - result["processed"]
     assert [fake.interrupted for fake in nodes] == [1, 1]
 
 
-def test_a_second_ctrl_c_right_after_a_finish_call_is_passed_on_and_counts_nothing_twice(monkeypatch):
+def test_a_second_ctrl_c_right_after_a_finish_call_is_passed_on_and_counts_nothing_twice(monkeypatch, tmp_path):
     """The second Ctrl-C comes just after the driver asked node 1 for its outputs, before it noted
     the call: it asks again (the actor answers both with one result) and passes the Ctrl-C on."""
     nodes = [FakeNode(speed=2), FakeNode(speed=3)]
@@ -259,23 +282,23 @@ def test_a_second_ctrl_c_right_after_a_finish_call_is_passed_on_and_counts_nothi
         return result
 
     nodes[1].finish = Method(finish_then_ctrl_c)
-    cluster = run_fake(nodes, 500, stop_after_steps=(4,), monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 500, stop_after_steps=(4,), monkeypatch=monkeypatch, run_dir=tmp_path)
     accounted(cluster, 500)
     assert [fake.interrupted for fake in nodes] == [2, 2] and calls["finish"] == 2
 
 
-def test_a_ctrl_c_while_a_nodes_outputs_come_waits_for_them_again(monkeypatch):
+def test_a_ctrl_c_while_a_nodes_outputs_come_waits_for_them_again(monkeypatch, tmp_path):
     nodes = [FakeNode(speed=2, interrupt_transfer=True), FakeNode(speed=3)]
-    cluster = run_fake(nodes, 80, monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 80, monkeypatch=monkeypatch, run_dir=tmp_path)
     result = accounted(cluster, 80)
     assert cluster.interrupted_by == signal.SIGINT
     assert sorted(run.node.index for run in cluster.runs) == [0, 1], "node 0's outputs were kept"
     assert result["processed"] + result["cancelled"] == 80 and result["processed"] >= nodes[0].done
 
 
-def test_a_node_that_dies_while_finishing_has_its_units_run_again_by_a_new_runner(monkeypatch):
+def test_a_node_that_dies_while_finishing_has_its_units_run_again_by_a_new_runner(monkeypatch, tmp_path):
     nodes = [FakeNode(speed=2, dies_finishing=True), FakeNode(speed=3)]
-    cluster = run_fake(nodes, 90, monkeypatch=monkeypatch)
+    cluster = run_fake(nodes, 90, monkeypatch=monkeypatch, run_dir=tmp_path)
     result = accounted(cluster, 90)
     assert result["processed"] == 90 and processed_ids(cluster) == list(range(90))
     assert nodes[1].starts == 2, "the node that had finished started a second runner for them"
@@ -289,31 +312,41 @@ def test_a_malformed_address_is_named(address, fragment):
         check_address(address)
 
 
-def test_a_nodes_detections_and_files_merge_under_global_ids(tmp_path):
-    """Two readers: reader 0 was fed global ids 7 and 9, reader 1 ids 8 and 3; local id k*2 + w."""
-    from cluster.merge import write_outputs
-    node = Node(1, "id1", "", 2, 0)
-    names = {7: "a.jpg", 8: "b.jpg", 9: "c.jpg", 3: "d.jpg"}
-    local_of = {7: 0, 8: 1, 9: 2, 3: 3}
-    records = [{"image": name, "frame": local_of[g], "class_id": 0, "class": "person", "score": 0.9,
-                "box": [1.0, 2.0, 3.0, 4.0]} for g, name in names.items()]
-    run = NodeRun(node, 0, result={"ids": [[7, 9], [8, 3]], "files": {
-        "detections.json": json.dumps(records).encode(), "images/a.jpg": b"A", "labels/d.txt": b"0 0.5 0.5 1 1\n"}})
-    written = write_outputs(str(tmp_path), [run], ["person"])
-    merged = json.loads((tmp_path / "detections.json").read_text())
-    assert [(r["frame"], r["image"]) for r in merged] == [(3, "d.jpg"), (7, "a.jpg"), (8, "b.jpg"), (9, "c.jpg")]
-    assert (tmp_path / "images" / "a.jpg").read_bytes() == b"A" and (tmp_path / "labels" / "d.txt").is_file()
-    assert written["detections"] == 4 and written["files"]["images"] == 1
-    assert len(json.loads((tmp_path / "predictions.json").read_text())) == 4
-
-
-def test_the_rest_of_a_video_run_elsewhere_is_a_file_of_its_own(tmp_path):
-    from cluster.merge import write_outputs
-    runs = [NodeRun(Node(i, f"id{i}", "", 1, 0), 0, result={"ids": [[]], "files": {"videos/clip.mp4": data}})
-            for i, data in enumerate((b"first part", b"the rest"))]
-    write_outputs(str(tmp_path), runs, ["person"])
+def test_chunks_are_written_under_their_names_as_they_come_and_a_chunk_sent_again_changes_nothing(tmp_path):
+    from cluster.inbox import unused_name
+    inbox = Inbox(str(tmp_path))
+    got = Received()
+    records = [{"image": "a.jpg", "frame": 7, "class_id": 0, "class": "person", "score": 0.9, "box": [1.0, 2, 3, 4]},
+               {"image": "d.jpg", "frame": 3, "class_id": 0, "class": "person", "score": 0.8, "box": [1.0, 2, 3, 4]}]
+    first = {"seq": 1, "pieces": [("images/a.jpg", 0, b"AB", True), ("videos/clip.mp4", 0, b"fir", False)],
+             "frames": [(7, None), (3, None)], "records": records, "done": False}
+    inbox.receive(got, "node-0-0", first)
+    assert (tmp_path / "images" / "a.jpg").read_bytes() == b"AB" and not (tmp_path / "videos" / "clip.mp4").exists()
+    second = {"seq": 2, "pieces": [("videos/clip.mp4", 3, b"st part", True)], "frames": [(9, {"reason": "x"})],
+              "records": [], "done": True}
+    inbox.receive(got, "node-0-0", second)
+    inbox.receive(got, "node-0-0", second)  # the driver was stopped while writing it: it came again
     assert (tmp_path / "videos" / "clip.mp4").read_bytes() == b"first part"
+    other = Received()
+    inbox.receive(other, "node-1-0", {"seq": 1, "pieces": [("videos/clip.mp4", 0, b"the rest", True)], "frames": [],
+                                      "records": [records[0]], "done": True})
     assert (tmp_path / "videos" / "clip.part2.mp4").read_bytes() == b"the rest"
+    assert got.delivered == {7: None, 3: None, 9: {"reason": "x"}}
+    written = inbox.write_lists(["person"])
+    merged = json.loads((tmp_path / "detections.json").read_text())
+    assert [(r["frame"], r["image"]) for r in merged] == [(3, "d.jpg"), (7, "a.jpg")], "each frame's records once"
+    assert written["files"] == {"images": 1, "labels": 0, "crops": 0, "videos": 2} and written["detections"] == 2
+    assert not list(tmp_path.rglob(".*")), "no partial or spill file left"
+    assert unused_name("videos/x.mp4", {"videos/x.mp4", "videos/x.part2.mp4"}) == "videos/x.part3.mp4"
+
+
+def test_a_runner_lost_mid_file_leaves_no_partial_copy(tmp_path):
+    inbox = Inbox(str(tmp_path))
+    got = Received()
+    inbox.receive(got, "node-0-0", {"seq": 1, "pieces": [("images/big.jpg", 0, b"half", False)], "frames": [],
+                                    "records": [], "done": False})
+    inbox.abandon(got)
+    assert not list(tmp_path.rglob("*.partial")) and not (tmp_path / "images" / "big.jpg").exists()
 
 
 def test_sigterm_while_ray_joins_is_interrupted_and_signals_at_the_end_are_only_said(monkeypatch, caplog):
@@ -339,3 +372,24 @@ def test_sigterm_while_ray_joins_is_interrupted_and_signals_at_the_end_are_only_
         os.kill(os.getpid(), signal.SIGTERM)
         written = True
     assert written and "nearly done" in caplog.text
+
+
+def test_device_auto_is_each_nodes_own_and_the_driver_checks_as_for_cpu():
+    from cluster.command import driver_config
+    from cluster.driver import node_config
+    from settings.config import RunConfig
+    config = {"device": "auto", "workers": 0, "pre_workers": 0, "post_workers": 0, "infer_workers": 0}
+    gpu, cpu = Node(0, "a", "", 8, 2), Node(1, "b", "", 4, 0)
+    assert (node_config(config, gpu)["device"], node_config(config, gpu)["infer_workers"]) == ("cuda", 2)
+    assert (node_config(config, cpu)["device"], node_config(config, cpu)["infer_workers"]) == ("cpu", 4)
+    assert driver_config(RunConfig(device="auto")).device == "cpu" and driver_config(RunConfig()).device == "cpu"
+
+
+def test_a_sample_of_the_source_is_looked_at_from_each_node(tmp_path):
+    from cluster.reach import sampled_locations, unreachable
+    units = [Unit(i, 1, "image", str(tmp_path / f"{i}.jpg"), f"{i}.jpg", i) for i in range(7)]
+    assert sampled_locations(units) == [units[0].location, units[3].location, units[6].location]
+    assert sampled_locations([Unit(0, 1, "synthetic", "", "s/0.jpg", 0)]) == []
+    (tmp_path / "0.jpg").write_bytes(b"x")
+    assert unreachable(units[0].location) is None and unreachable(units[1].location) == "no such file or directory"
+    assert unreachable("http://127.0.0.1:1/x.mp4") is None, "OpenCV's URLs are their reader's to judge"

@@ -9,6 +9,7 @@ import os
 import time
 
 from cluster.node import FeedRun, NodeRunner
+from cluster.outbox import Outbox
 from collector.journal import JOURNAL_NAME
 
 
@@ -21,7 +22,8 @@ def fake_run(runner: NodeRunner, readers: int = 2) -> FeedRun:
     folder = os.path.join(runner.work_dir, "run-0")
     os.makedirs(os.path.join(folder, "run"))
     feeds = [open(os.path.join(folder, f"{r}.jsonl"), "ab", buffering=0) for r in range(readers)]
-    runner.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers)
+    runner.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers,
+                         outbox=Outbox(os.path.join(folder, "run")))
     return runner.run
 
 
@@ -41,6 +43,32 @@ def test_finishing_twice_waits_for_one_runner_and_gives_one_result(tmp_path, mon
     first, second, again = asyncio.run(scenario())
     assert first is second is again and first["exit_code"] == 0 and first["stdout"].strip() == "{}"
     assert not os.path.exists(runner.work_dir)
+
+
+def test_pulled_chunks_come_again_until_acknowledged_and_the_last_removes_the_runs_folder(tmp_path, monkeypatch):
+    runner = make_runner(tmp_path, monkeypatch)
+
+    async def scenario():
+        run = fake_run(runner, readers=1)
+        await runner.feed([([5], {"kind": "synthetic", "location": "", "name": "s/5.jpg", "frames": 1, "item": 5})])
+        os.makedirs(os.path.join(run.folder, "run", "images", "s"))
+        with open(os.path.join(run.folder, "run", "images", "s", "5.jpg"), "wb") as f:
+            f.write(b"x" * 10)
+        with open(os.path.join(run.folder, "run", "report.json"), "w") as f:
+            json.dump({"frames": {"processed_ids": [[0, 0]], "failures": []}}, f)
+        run.outbox.finished(json.loads(open(os.path.join(run.folder, "run", "report.json")).read()))
+        first = await runner.pull(4, 0)
+        again = await runner.pull(4, 0)
+        rest = [await runner.pull(4, first["seq"])]
+        while not rest[-1]["done"]:
+            rest.append(await runner.pull(4, rest[-1]["seq"]))
+        return run, first, again, rest
+
+    run, first, again, rest = asyncio.run(scenario())
+    assert again is first and first["pieces"] == [("images/s/5.jpg", 0, b"xxxx", False)]
+    assert [p[1:] for c in rest for p in c["pieces"]] == [(4, b"xxxx", False), (8, b"xx", True)]
+    assert [f for c in rest for f in c["frames"]] == [(5, None)], "delivered once its file went"
+    assert not os.path.exists(run.folder) and runner.run is None
 
 
 def test_progress_counts_each_journaled_frame_once_per_reader_and_survives_a_cut_journal(tmp_path, monkeypatch):
