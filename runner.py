@@ -185,7 +185,7 @@ def run_main(argv: list[str] | None, download_dir: str) -> int:
 
 def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bool) -> int:
     """--ray: this process drives one pipeline per node of a Ray cluster (cluster/)."""
-    from cluster.command import ClusterOptions, check_cluster_run, print_report, run_on_cluster
+    from cluster.command import ClusterOptions, check_cluster_run, driver_config, print_report, run_on_cluster
     from cluster.ray_session import Interrupted, RayMissing
     from settings.config import ConfigError
     try:
@@ -193,7 +193,7 @@ def run_on_ray(given, ray_flags: dict, sweep: bool, overrides: dict, as_json: bo
             raise ConfigError("--ray: --sweep tunes one machine; run it on a node without --ray")
         options = ClusterOptions(ray_flags["ray"], ray_flags["ray_lead_s"] or ClusterOptions.lead_s)
         # download_dir "": a video URL stays a URL for every node
-        cfg, _machine, names, plan = prepare(given, download_dir="", probe_backends=False)
+        cfg, _machine, names, plan = prepare(driver_config(given), download_dir="", probe_backends=False)
         check_cluster_run(cfg, plan)
     except (ConfigError, ValueError, RayMissing) as exc:
         return usage_failed(flag_named(str(exc), overrides), as_json)

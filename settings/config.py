@@ -70,7 +70,7 @@ class RunConfig:
     max_pixels: int = setting(100_000_000, "source", "images with more pixels are failed frames, refused before "
                               "decoding")
     device: str = setting("cpu", "pipeline", "cpu, cuda, cuda:N, N, or a list such as cuda:0,cuda:1 or 0,1 (a bare N "
-                          "is cuda:N)")
+                          "is cuda:N); with --ray also auto (cuda on a node with a GPU, else cpu)")
     workers: int = setting(0, "pipeline", "default for --pre-workers and --post-workers (0: one per core)")
     pre_workers: int = setting(0, "pipeline", "source + preprocess processes (0: --workers)")
     infer_workers: int = setting(0, "pipeline", "inference processes (0: one per GPU, one per core on CPU)")
