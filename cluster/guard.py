@@ -15,13 +15,16 @@ fraction of a second.
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 PR_SET_PDEATHSIG = 1
+IPC_DIR_PREFIX = "yolo-ipc-"  # wire.ipc_dirs.IPC_DIR_PREFIX (the guard imports nothing of the project)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -53,7 +56,16 @@ def main(argv: list[str]) -> int:
             continue
     if os.getppid() != parent:  # the actor died: its folder is an orphan now
         shutil.rmtree(work_dir, ignore_errors=True)
+    remove_ipc_leftovers(child.pid)
     return 128 - code if code < 0 else code
+
+
+def remove_ipc_leftovers(runner_pid: int) -> None:
+    """The ipc folder a runner that was killed left (one that drained removed its own); named as
+    wire.ipc_dirs names it, in TMPDIR or /tmp."""
+    for folder in {tempfile.gettempdir(), "/tmp"}:
+        for path in glob.glob(os.path.join(folder, f"{IPC_DIR_PREFIX}{runner_pid}-*")):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 if __name__ == "__main__":

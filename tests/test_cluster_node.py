@@ -98,3 +98,21 @@ def test_progress_counts_each_journaled_frame_once_per_reader_and_survives_a_cut
     assert run.ids == [[10, 12], [11]], "each unit to the reader with the least work left"
     assert first == {"fed": 3, "done": 2, "exit_code": None}
     assert second["done"] == 3 and run.done_by_reader == [2, 1]
+
+
+def test_the_guard_removes_the_ipc_folder_a_killed_runner_left(tmp_path, monkeypatch):
+    """A runner killed without draining leaves its ipc folder; its guard removes it (named as
+    wire.ipc_dirs names it: the guard imports nothing of the project, so the prefix is checked here)."""
+    from cluster import guard
+    from wire.ipc_dirs import IPC_DIR_PREFIX
+
+    assert guard.IPC_DIR_PREFIX == IPC_DIR_PREFIX
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    left = tmp_path / f"{IPC_DIR_PREFIX}4242-abcd"
+    other = tmp_path / f"{IPC_DIR_PREFIX}4243-abcd"
+    left.mkdir()
+    other.mkdir()
+    guard.remove_ipc_leftovers(4242)
+    assert not left.exists() and other.exists()
