@@ -107,13 +107,11 @@ class Release(Message):
 # are what the collector acts on (a video frame to write, a slot to give back): checked too, so a
 # malformed one is dropped, not a crash.
 @dataclass(frozen=True)
-class Result(Message):
-    """last frame stage -> collector: a frame done, its detections and timestamps."""
-    TYPE: ClassVar[str] = "result"
+class FinishedFrame(Message):
+    """What a finished frame's messages carry beside its records (:class:`Result`, :class:`Done`)."""
     id: int
     name: str
     t: dict
-    detections: list
     workers: dict
     batch: int
     image_saved: bool
@@ -123,33 +121,28 @@ class Result(Message):
     px: dict | None = None
     pre: str | None = None
     draw: list | None = None
-    predictions: list | None = None
     image_error: str | None = None
 
 
-@dataclass(frozen=True)
-class Done(Message):
+@dataclass(frozen=True, kw_only=True)
+class Result(FinishedFrame):
+    """A frame done, its detections and timestamps: what a frame stage after postprocess takes
+    (and what the collector takes too, one at a time)."""
+    TYPE: ClassVar[str] = "result"
+    detections: list
+    predictions: list | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done(FinishedFrame):
     """A finished frame as the collector takes it, one item of a :class:`Results` batch: a
     result whose records the last frame stage already wrote as JSON text (the lines of a JSON
     list), so the one collector appends text and unpacks one string, not every record."""
     TYPE: ClassVar[str] = "done"
-    id: int
-    name: str
-    t: dict
     detections: int  # how many records detections_json holds
     detections_json: str
     predictions: int
     predictions_json: str
-    workers: dict
-    batch: int
-    image_saved: bool
-    cold: bool
-    cycle: int | None = None
-    video: dict | None = None
-    px: dict | None = None
-    pre: str | None = None
-    draw: list | None = None
-    image_error: str | None = None
 
 
 def done_item(result: dict) -> dict:
