@@ -87,12 +87,15 @@ class FeedEntry:
             raise ValueError(f"expected a feed line (JSON of a FeedEntry), got {line[:200]!r}: {exc}") from None
 
 
-def _finite_kind(name: str) -> bool:
-    """A registered kind whose frames are read one by one (an image in object storage, a
-    plugin's); imported here, not at the top: inputs.kinds imports this module."""
-    from inputs.kinds import input_kinds
-    return any(kind.name == name and kind.read is not None and not kind.live and not kind.video
-               for kind in input_kinds())
+_finite_kind = FEED_KINDS.__contains__  # until inputs.kinds says which registered kinds are read frame by frame
+
+
+def accept_kinds(finite_kind) -> None:
+    """What a feed line may name beside FEED_KINDS: ``finite_kind(name)``, a registered kind read
+    frame by frame (an image in object storage, a plugin's). Set by inputs.kinds, which imports
+    this module: the registry sits above the feed, not beside it."""
+    global _finite_kind
+    _finite_kind = finite_kind
 
 
 def feed_items(source: str) -> list[SourceItem]:

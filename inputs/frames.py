@@ -16,6 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# What a folder, a glob or a list reads as images and videos, by extension (inputs.kinds).
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
+VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg"})
+
 
 
 @dataclass(frozen=True)

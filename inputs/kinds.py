@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from inputs import builtin_kinds as builtin
+from inputs import feed
 from inputs.feed import FeedReader, check_feed_workers, feed_items, is_feed
-from inputs.frames import Frame, FrameRef, SourceItem
+from inputs import object_store
+from inputs.frames import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, Frame, FrameRef, SourceItem
 from inputs.streams import StreamOptions, is_camera
 from inputs.synthetic import SYNTHETIC_SOURCE
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
-VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg"})
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,8 @@ _KINDS: dict[str, InputKind] = {kind.name: kind for kind in (
     InputKind("video", read=builtin.read_video_frame, video=True, extensions=VIDEO_EXTENSIONS,
               file_item=builtin.video_item, frame_sizes=builtin.video_sizes),
     InputKind("broken", read=builtin.read_broken),
+    InputKind(object_store.KIND, read=object_store.read_stored, recognise=object_store.is_store_url,
+              plan=object_store.plan_store, frame_sizes=object_store.stored_sizes),
 )}
 
 
@@ -158,6 +160,11 @@ def file_extensions() -> frozenset[str]:
     return frozenset(ext for kind in _KINDS.values() for ext in kind.extensions)
 
 
-# The tree's kinds in modules of their own register themselves; imported last, so that they find
-# this module's names whichever of the two is imported first.
-from inputs import object_store  # noqa: E402,F401  ("stored": s3://, gs://, ... through fsspec)
+
+def _finite(name: str) -> bool:
+    """A kind whose frames are read one by one (what a feed line may name)."""
+    kind = _KINDS.get(name)
+    return kind is not None and kind.read is not None and not kind.live and not kind.video
+
+
+feed.accept_kinds(_finite)

@@ -2,7 +2,7 @@
 ``gs://bucket/prefix`` (with gcsfs installed), ``az://...``; the input kind ``"stored"``.
 
 A source URL names one object or a prefix. A prefix is listed recursively, as a folder is:
-its images (:data:`inputs.kinds.IMAGE_EXTENSIONS`) become items named by their key below the
+its images (:data:`inputs.frames.IMAGE_EXTENSIONS`) become items named by their key below the
 prefix (``s3://b/imgs`` holding ``imgs/sub/a.jpg`` -> ``sub/a.jpg``), in name order; hidden
 keys (a part starting with ``.``) and files that are not media are left out. Videos are refused
 (ValueError naming them): reading one as it streams needs seeking through the store; copy them
@@ -26,7 +26,7 @@ import numpy as np
 
 from inputs.frames import Frame, FrameReadError, FrameRef, SourceItem
 from inputs.imageio import decode_image, image_size
-from inputs.kinds import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, InputKind, register
+from inputs.frames import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from inputs.streams import URL_SCHEMES
 
 KIND = "stored"
@@ -136,6 +136,3 @@ def _said(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
-
-STORED = register(InputKind(KIND, read=read_stored, recognise=is_store_url, plan=plan_store,
-                            frame_sizes=stored_sizes))

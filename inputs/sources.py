@@ -3,7 +3,7 @@
 Sources (:func:`plan_frames`):
 
 - ``"synthetic"``: ``synthetic_count`` generated scenes (:mod:`inputs.synthetic`).
-- an image file (:data:`inputs.kinds.IMAGE_EXTENSIONS`) or a video file
+- an image file (:data:`inputs.frames.IMAGE_EXTENSIONS`) or a video file
   (:data:`inputs.kinds.VIDEO_EXTENSIONS`), or a file of another input kind's extensions.
 - a directory, searched recursively, following directory symlinks (a directory reached twice,
   e.g. through a symlink loop, is listed once). Images are images and videos are read frame by
