@@ -219,3 +219,13 @@ def test_a_closed_video_is_copied_to_the_store_and_its_local_file_removed(store,
             assert s3().size(f"{BUCKET}/runs/ok/videos/clip.mp4") > 0
         else:
             assert "copying videos/clip.mp4 to s3://no-such-bucket/runs/refused/videos/clip.mp4" in videos.error
+
+
+def test_a_cluster_run_into_a_store_is_refused_before_ray_is_joined():
+    pytest.importorskip("ray")
+    from cluster.command import check_cluster_run
+    from inputs.sources import plan_frames
+    from settings.config import RunConfig
+    cfg = RunConfig(results=f"s3://{BUCKET}/runs")
+    with pytest.raises(ConfigError, match=r"--ray: --results in a store \(s3://out/runs\) is not built for a cluster"):
+        check_cluster_run(cfg, plan_frames(cfg.source, 4, cfg.synthetic_count))
