@@ -38,8 +38,12 @@ def check_store(results: str) -> None:
 
 
 def name_taken(results: str, name: str) -> bool:
-    """``RESULTS/NAME/report.json`` exists (a run that finished there)."""
-    return Store(results).exists(f"{name}/{FIRST_LAST}")
+    """``RESULTS/NAME/report.json`` exists (a run that finished there); a store that cannot say
+    is a ConfigError naming it."""
+    try:
+        return Store(results).exists(f"{name}/{FIRST_LAST}")
+    except store_errors() as exc:
+        raise ConfigError(f"config results: cannot look for run folder {name!r} in {results!r} ({why(exc)})") from None
 
 
 def make_local_run_dir(results: str, name: str, exist_ok: bool, local: str, output_names) -> str:

@@ -18,8 +18,8 @@ import pytest
 
 from collector.videos import AnnotatedVideos
 from supervisor.prepare import check_results_dir, free_run_name
-from supervisor.stored_runs import upload_run_folder
-from settings.config import ConfigError
+from supervisor.run import Outcome, _uploaded
+from settings.config import ConfigError, RunConfig
 from tests.store_server import jpeg, s3_server
 from workers.postprocess import Outputs
 from workers.store import run_root
@@ -148,7 +148,8 @@ def test_a_store_that_refuses_the_images_is_exit_4_with_every_frame_counted(stor
     summary = json.loads(done.stdout)
     assert (summary["frames_in"], summary["processed"], summary["failed"]) == (4, 4, 0)
     errors = [line for line in done.stderr.splitlines() if "image and label saving stopped" in line]
-    assert len(errors) == 2 and errors[1].endswith("(exit code 4)") and "PermissionError: Access Denied writing s3://out/runs/r3/images/" in errors[0], errors
+    assert len(errors) == 2 and errors[1].endswith("(exit code 4)"), errors  # the collector's, and the exit's
+    assert "PermissionError: Access Denied writing s3://out/runs/r3/images/" in errors[0]
     user = {"key": credentials["AWS_ACCESS_KEY_ID"], "secret": credentials["AWS_SECRET_ACCESS_KEY"]}
     found = keys(f"{BUCKET}/runs/r3", **user)
     assert "report.json" in found and "detections.json" in found and not [k for k in found if k.startswith("images/")]
@@ -156,22 +157,23 @@ def test_a_store_that_refuses_the_images_is_exit_4_with_every_frame_counted(stor
     assert report["frames"]["accounted"] and "Access Denied" in report["outputs"]["image_error"]
 
 
-def test_a_refused_upload_names_the_file_and_the_others_still_go(store, refusing_user, tmp_path):
+def test_a_refused_upload_is_exit_4_naming_the_file_and_the_others_still_go(store, refusing_user, tmp_path):
     credentials = refusing_user(f"{BUCKET}/up/report.md")
-    folder = tmp_path / "run"
+    folder = tmp_path / "up"
     (folder / "plots").mkdir(parents=True)
     for name in ("report.json", "report.md", "plots/a.png", ".collector-journal.partial"):
         (folder / name).write_bytes(b"x")
-    env = {"AWS_ACCESS_KEY_ID": credentials["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY":
-           credentials["AWS_SECRET_ACCESS_KEY"]}
     with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
+        for key, value in credentials.items():
             patch.setenv(key, value)
         s3().clear_instance_cache()  # fsspec keeps a file system per set of options, made with other keys
-        failed = upload_run_folder(str(folder), f"s3://{BUCKET}/up")
-        assert failed == {"report.md": "PermissionError: Access Denied"}
-    assert keys(f"{BUCKET}/up", key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"]) == \
-        ["plots/a.png", "report.json"]
+        outcome = _uploaded(RunConfig(results=f"s3://{BUCKET}"), Outcome(0, str(folder), {"run_dir": str(folder)}))
+    url = f"s3://{BUCKET}/up"
+    assert (outcome.exit_code, outcome.run_dir, outcome.summary["run_dir"]) == (4, url, url)
+    assert outcome.reason == f"could not upload 1 files of the run folder to s3://{BUCKET}/up, report.md: " \
+        "PermissionError: Access Denied"
+    user = {"key": credentials["AWS_ACCESS_KEY_ID"], "secret": credentials["AWS_SECRET_ACCESS_KEY"]}
+    assert keys(f"{BUCKET}/up", **user) == ["plots/a.png", "report.json"]
 
 
 class _Log:
@@ -225,7 +227,6 @@ def test_a_cluster_run_into_a_store_is_refused_before_ray_is_joined():
     pytest.importorskip("ray")
     from cluster.command import check_cluster_run
     from inputs.sources import plan_frames
-    from settings.config import RunConfig
     cfg = RunConfig(results=f"s3://{BUCKET}/runs")
     with pytest.raises(ConfigError, match=r"--ray: --results in a store \(s3://out/runs\) is not built for a cluster"):
         check_cluster_run(cfg, plan_frames(cfg.source, 4, cfg.synthetic_count))
