@@ -41,14 +41,15 @@ MODULES_CSV_HEADER = ("name", "type", "params", "input_shape", "calls", "total_m
                       "share", "outermost")
 
 
-def write_run_folder(run_dir: str, run: RunData) -> dict:
-    """Write every report into ``run_dir`` (which exists) and return the summary, with
+def write_run_folder(run_dir: str, run: RunData, shown_as: str = "") -> dict:
+    """Write every report into ``run_dir`` (which exists) and return the summary (whose
+    ``run_dir`` is ``shown_as`` where given: the URL the folder is uploaded to), with
     ``files``: {"written": [names], "failed": {name: error}}. The most useful files go first, so
     a nearly full disk keeps them: report.json, report.md, detections.json, modules.csv, the
     plots, and trace.json (the largest) last."""
     report = build_report(run)
     summary = report["summary"]
-    summary["run_dir"] = run_dir
+    summary["run_dir"] = shown_as or run_dir
     plots = render_plots(run, report)
     report["plots"] = list(plots)
     written: list[str] = []

@@ -18,6 +18,7 @@ from cluster.ray_session import import_ray, joined, signals_noted
 from cluster.report import write_run_folder
 from cluster.work import units_of
 from inputs.kinds import input_kind
+from inputs.object_store import is_store_url
 from inputs.sources import SYNTHETIC_SOURCE
 from supervisor.prepare import make_run_dir
 from settings.config import ConfigError, RunConfig
@@ -50,6 +51,9 @@ def check_cluster_run(cfg: RunConfig, plan) -> None:
         raise ConfigError("--ray: --duration is not supported on a cluster; give the frames as a source")
     if cfg.frames and cfg.source != SYNTHETIC_SOURCE:
         raise ConfigError("--ray: --frames (looping a source) is not supported on a cluster; list the files")
+    if is_store_url(cfg.results):
+        raise ConfigError(f"--ray: --results in a store ({cfg.results}) is not built for a cluster yet; give a folder "
+                          "(the driver's, or a path every node mounts) or run without --ray")
 
 
 def driver_config(given: RunConfig) -> RunConfig:

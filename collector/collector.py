@@ -22,6 +22,7 @@ from process.resources import ResourceSampler
 from sharedmem.slots import SlotError, SlotViews
 from wire.transport import REPORT_LIMITS, DropCounter, ProtocolError, make_socket, recv_message, send_message
 from collector.videos import AnnotatedVideos
+from workers.store import run_root
 from wire.wiring import StageArgs
 
 PROGRESS_INTERVAL_S = 0.25
@@ -56,8 +57,9 @@ class Collected:
         self.image_error: str | None = None
         self.unwritten: list[dict] = []  # new frames whose records wait for the next write
         self.unwritten_since = 0.0
+        root = run_root(args.config.results, args.run_dir)
         self.videos = AnnotatedVideos(args.run_dir, list(args.names), args.config.save_every,
-                                      args.config.draw_options())
+                                      args.config.draw_options(), store=root if root != args.run_dir else "")
         self.views = SlotViews(args.run_tag)
         self.returns = SlotReturns(ctx, args)
         self.bytes_in = self.messages_in = 0
@@ -248,7 +250,8 @@ class Collector(Stage):
                                           messages_in=collected.messages_in, bytes_out=0, messages_out=0)
         run_data = _run_data(args, collected, collector_stats, args.runner_started_s, finished_s, control,
                              self.sampler, args.machine, videos)
-        summary, written, write_error = _write_run_folder(args.run_dir, run_data, *collected.finish_outputs())
+        summary, written, write_error = _write_run_folder(args.run_dir, run_data, *collected.finish_outputs(),
+                                                        shown_as=run_root(args.config.results, args.run_dir))
         log.info("run folder written in %.2f s", time.perf_counter() - finished_s)
         finished = Finished(summary, written, write_error, missing_workers=collected.expected.waiting_for())
         send_message(self.progress_out, finished.to_message(), token=args.wire.token)
@@ -340,12 +343,13 @@ def _run_data(args, collected: Collected, collector_stats, runner_started_s, fin
     return RunData(**fields)
 
 
-def _write_run_folder(run_dir: str, run_data, streamed: list[str], streamed_failed: dict[str, str]
-                      ) -> tuple[dict, list[str], str | None]:
+def _write_run_folder(run_dir: str, run_data, streamed: list[str], streamed_failed: dict[str, str],
+                      shown_as: str = "") -> tuple[dict, list[str], str | None]:
     """(summary, files written, the first write error); a disk-full folder still gives a summary.
-    ``streamed`` and ``streamed_failed``: the files the collector wrote as the run went."""
+    ``streamed`` and ``streamed_failed``: the files the collector wrote as the run went;
+    ``shown_as``: the run folder as the summary names it (its URL when the runner uploads it)."""
     from analysis.report import write_run_folder
-    summary = write_run_folder(run_dir, run_data)
+    summary = write_run_folder(run_dir, run_data, shown_as)
     files = summary.pop("files", {"written": [], "failed": {}})
     failed = {**streamed_failed, **(files.get("failed") or {})}
     files["written"] = list(files.get("written") or ()) + streamed

@@ -5,7 +5,9 @@ order (several inference and postprocess workers), so each video keeps a small r
 a frame waits (its pixels still in the preprocess worker's shared-memory slot) until the frames
 before it are written or known to have failed. One file per video and pass over the source:
 ``videos/<name>.mp4`` (``_passK`` when the source loops), at the source's frame rate divided by
-the frames kept (``--vid-stride``, ``--save-images N``).
+the frames kept (``--vid-stride``, ``--save-images N``). With the run's outputs in a store
+(``store``: its root URL), OpenCV still writes a local file in the run's own folder; once closed it
+is copied to ``<root>/videos/<name>`` and removed (a failed copy is a failed write of that video).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
+from workers.store import Store, store_errors, why
 from yolo.draw import DrawOptions, draw_detections
 
 FOURCC = "mp4v"  # in every OpenCV build, FFmpeg or not
@@ -49,8 +52,10 @@ class _Video:
 
 
 class AnnotatedVideos:
-    def __init__(self, run_dir: str, names: list[str], keep_every: int, draw: DrawOptions | None = None):
+    def __init__(self, run_dir: str, names: list[str], keep_every: int, draw: DrawOptions | None = None,
+                 store: str = ""):
         self.folder = os.path.join(run_dir, "videos")
+        self.store = Store(store) if store else None
         self.names = names
         self.draw = draw or DrawOptions()
         self.keep_every = max(1, keep_every)
@@ -86,8 +91,23 @@ class AnnotatedVideos:
                 self._write_next(entry)
             if entry.writer is not None:
                 entry.writer.release()
+                self._copy_to_store(entry)
         return [{"video": os.path.relpath(e.path, os.path.dirname(self.folder)), "frames": e.written,
                  "missing": e.missing, "fps": e.fps} for e in self.videos.values()]
+
+    def _copy_to_store(self, entry: _Video) -> None:
+        """A closed video's local file to the store, then removed whatever happened."""
+        if self.store is None or not os.path.exists(entry.path):
+            return
+        relative = os.path.relpath(entry.path, os.path.dirname(self.folder)).replace(os.sep, "/")
+        try:
+            self.store.put(entry.path, relative)
+        except store_errors() as exc:
+            reason = f"{why(exc)} copying {relative} to {self.store.where(relative)}"
+            self.error = self.error or reason
+            log.error("%s", reason)
+        finally:
+            os.remove(entry.path)
 
     def _video(self, name: str, cycle: int, video: dict) -> _Video:
         key = (int(video["item"]), cycle)

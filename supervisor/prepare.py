@@ -18,6 +18,8 @@ from backends.registry import check_backend
 from backends.registry import prepare_backend as prepare_backend_once
 from supervisor.limits import check_descriptors, check_frame_memory
 from settings.config import ConfigError, RunConfig
+from supervisor.stored_runs import check_store, make_local_run_dir, name_taken
+from inputs.object_store import is_store_url
 from analysis.machine import usable_cores
 from sharedmem.slots import SHM_DIR, aligned, free_bytes
 from yolo.precision import choose_precision, has_native_bf16, read_cpu_flags
@@ -134,7 +136,10 @@ def _class_names(cfg: RunConfig) -> tuple[str, ...]:
 
 
 def check_results_dir(results: str) -> None:
-    """The folder of run folders must exist (or be creatable) and be writable, checked now."""
+    """The folder of run folders must exist (or be creatable) and be writable, checked now; a
+    store's URL must take an object (supervisor/stored_runs.py)."""
+    if is_store_url(results):
+        return check_store(results)
     if os.path.exists(results) and not os.path.isdir(results):
         raise ConfigError(f"config results: expected a folder, got a file: {results!r}")
     try:
@@ -148,11 +153,14 @@ def check_results_dir(results: str) -> None:
 
 def free_run_name(results: str, name: str, exist_ok: bool) -> str:
     """The run folder's name: ``name`` itself when it is free or ``exist_ok``, else the first free
-    of ``name2``, ``name3``, ... (Ultralytics' ``exp`` -> ``exp2``); "" stays "" (a timestamp)."""
-    if not name or exist_ok or not os.path.lexists(os.path.join(results, name)):
+    of ``name2``, ``name3``, ... (Ultralytics' ``exp`` -> ``exp2``); "" stays "" (a timestamp).
+    In a store, a name is taken by a finished run (its report.json)."""
+    in_store = is_store_url(results)
+    taken = (lambda n: name_taken(results, n)) if in_store else (lambda n: os.path.lexists(os.path.join(results, n)))
+    if not name or exist_ok or not taken(name):
         return name
     for n in range(2, MAX_NAME_SUFFIX):
-        if not os.path.lexists(os.path.join(results, f"{name}{n}")):
+        if not taken(f"{name}{n}"):
             return f"{name}{n}"
     raise ConfigError(f"config name: expected a free run folder name, got {name!r} with {name}2 ... "
                       f"{name}{MAX_NAME_SUFFIX - 1} all taken in {results!r}")
@@ -189,9 +197,13 @@ def plan_source(cfg: RunConfig, download_dir: str = ""):
     return plan
 
 
-def make_run_dir(results: str, name: str = "", exist_ok: bool = False) -> str:
+def make_run_dir(results: str, name: str = "", exist_ok: bool = False, local: str = "") -> str:
     """The run folder, made in one step (mkdir), so of two runs started together with the same
-    name one gets it and the other a ConfigError; without a name, a fresh timestamp."""
+    name one gets it and the other a ConfigError; without a name, a fresh timestamp. For a
+    store's URL, the run's own folder is made in ``local`` (a private folder), its name checked
+    in the store (supervisor/stored_runs.py)."""
+    if is_store_url(results):
+        return make_local_run_dir(results, name, exist_ok, local, RUN_OUTPUT_DIRS + RUN_OUTPUT_FILES)
     if name:
         path = os.path.join(results, name)
         os.makedirs(results, exist_ok=True)
@@ -234,7 +246,7 @@ def clear_run_outputs(run_dir: str) -> list[str]:
 
 
 def point_latest(run_dir: str) -> None:
-    """``results/latest`` -> this run; called only once its report exists."""
+    """``results/latest`` -> this run; called only once its report exists (not for a store's)."""
     results, run_id = os.path.split(os.path.normpath(run_dir))
     latest = os.path.join(results, "latest")
     if os.path.exists(latest) and not os.path.islink(latest):

@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import socket as socket_module
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,9 @@ from supervisor.console import Console, ConsoleHandler, model_words
 from supervisor.health import Health
 from analysis.machine import Machine
 from supervisor.prepare import make_run_dir, point_latest, slot_plan
+from supervisor.stored_runs import upload_run_folder
+from inputs.object_store import is_store_url
+from workers.store import run_root
 from supervisor.salvage import salvage_lists, write_runner_report
 from supervisor.processes import Launcher
 from supervisor import exit_codes
@@ -73,7 +77,17 @@ def frames_planned(cfg: RunConfig, plan) -> str:
 
 def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, *, show_progress: bool = True,
                  runner_started_s: float | None = None) -> Outcome:
-    """Run the pipeline once; raises UsageError before anything starts if a socket cannot be bound."""
+    """Run the pipeline once; raises UsageError before anything starts if a socket cannot be bound.
+    With --results in a store, the run folder is made in a private local folder and uploaded at
+    the end (supervisor/stored_runs.py); the outcome's run_dir is then its URL."""
+    if not is_store_url(cfg.results):
+        return _run_once(cfg, machine, names, plan, show_progress, runner_started_s, local="")
+    with tempfile.TemporaryDirectory(prefix="yolo-run-") as local:
+        return _uploaded(cfg, _run_once(cfg, machine, names, plan, show_progress, runner_started_s, local))
+
+
+def _run_once(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, show_progress: bool,
+              runner_started_s: float | None, local: str) -> Outcome:
     runner_started_s = runner_started_s or time.perf_counter()
     if cfg.transport == "tcp":
         check_tcp_ports(make_endpoints("tcp", "", cfg.tcp_host, cfg.tcp_base_port, stage_counts(cfg)))
@@ -81,7 +95,7 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     removed_dirs = remove_stale_ipc_dirs()
     ipc_dir = _make_ipc_dir(cfg)  # before the run folder: a TMPDIR too long leaves no folder behind
     try:
-        run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok)
+        run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok, local)
     except ValueError as exc:  # another run took the --name between the check and now
         shutil.rmtree(ipc_dir, ignore_errors=True)
         raise UsageError(str(exc)) from None
@@ -260,7 +274,7 @@ def _outcome(cfg: RunConfig, watch: Watch | None, run_dir: str, interrupts: Inte
     report_written = bool(finished and "report.json" in finished.get("written", ()))
     if report_written:
         _add_runner_drops(run_dir, watch.drops.counts)
-        point_latest(run_dir)
+        _point_latest(cfg, run_dir)
     elif watch.collector_died:
         report_written = _write_what_the_runner_knows(cfg, watch, run_dir)
     summary = (finished or {}).get("summary") or None
@@ -295,10 +309,36 @@ def _write_what_the_runner_knows(cfg: RunConfig, watch: Watch, run_dir: str) -> 
                                   progress=watch.last_progress, restarts=watch.restart_log,
                                   dropped=dict(watch.drops.counts), salvaged=salvaged)
     if written:
-        point_latest(run_dir)
+        _point_latest(cfg, run_dir)
         log.error("report.json holds only what the runner knows; %s", ", ".join(
             f"{name} {count} records" for name, count in salvaged.items()) or "no detections were written")
     return written
+
+
+def _point_latest(cfg: RunConfig, run_dir: str) -> None:
+    if not is_store_url(cfg.results):  # a store has no links: its runs are found by name
+        point_latest(run_dir)
+
+
+def _uploaded(cfg: RunConfig, outcome: Outcome) -> Outcome:
+    """The local run folder's files uploaded to the store (a failure is a write error, exit 4,
+    naming the file and why); the outcome then names the run folder by its URL."""
+    if outcome.run_dir is None or not os.path.isdir(outcome.run_dir):
+        return outcome  # a run stopped before it wrote anything left no folder
+    root = run_root(cfg.results, outcome.run_dir)
+    failed = upload_run_folder(outcome.run_dir, root)
+    outcome.run_dir = root
+    if outcome.summary:
+        outcome.summary["run_dir"] = root
+    if failed:
+        name, reason = next(iter(failed.items()))
+        outcome.report_written = outcome.report_written and "report.json" not in failed
+        said = f"could not upload {len(failed)} files of the run folder to {root}, {name}: {reason}"
+        if outcome.exit_code == exit_codes.OK:
+            outcome.exit_code, outcome.reason = exit_codes.OUTPUT_INCOMPLETE, said
+        else:
+            outcome.reason = f"{outcome.reason}; {said}" if outcome.reason else said
+    return outcome
 
 
 def _add_runner_drops(run_dir: str, counts: dict) -> None:

@@ -7,7 +7,6 @@ A full disk stops image saving with one logged error: frames are still detected 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import time
 
@@ -27,6 +26,7 @@ from wire.messages import Result
 from wire.wiring import StageArgs
 from topology.stages import sink_role
 from workers.onward import FrameStage
+from workers.store import DISK_FULL, Store, run_root, store_errors, why
 from yolo.coco import coco_results
 from yolo.crops import crop_box, crop_paths
 from yolo.detect import annotated_name, detection_records, final_detections, in_full_size
@@ -38,13 +38,12 @@ JPEG_QUALITY = 95  # OpenCV's default, as imwrite uses
 
 
 class Outputs:
-    """Writes annotated images and label files; a full disk turns writing off for the rest of the
-    run (frames are still detected and counted) with one reason."""
+    """Writes annotated images, label files and crops under the run's output root (a folder, or
+    a store's URL: workers/store.py); a full disk or a store's refusal turns writing off for the
+    rest of the run (frames are still detected and counted) with one reason."""
 
     def __init__(self, run_dir: str, cfg, log):
-        self.images_dir = os.path.join(run_dir, "images")
-        self.labels_dir = run_dir  # label_path() starts with labels/
-        self.run_dir = run_dir
+        self.store = Store(run_root(cfg.results, run_dir))
         self.save_txt, self.save_conf, self.save_crop = cfg.save_txt, cfg.save_conf, cfg.save_crop
         self.log = log
         self.error: str | None = None
@@ -58,14 +57,14 @@ class Outputs:
         ok, encoded = cv2.imencode(ext, image, params)
         if not ok:
             raise OSError(f"cannot encode image as {ext}: {name}")
-        if self._write(os.path.join(self.images_dir, name), encoded.data):
+        if self._write(f"images/{name}", encoded.data):
             self.saved += 1
             return True
         return False
 
     def write_labels(self, name: str, lines: list[str]) -> None:
         if self.error is None:
-            self._write(os.path.join(self.labels_dir, label_path(name)), "".join(f"{line}\n" for line in lines).encode())
+            self._write(label_path(name), "".join(f"{line}\n" for line in lines).encode())
 
     def save_crops(self, name: str, original: np.ndarray, dets: torch.Tensor, names) -> None:
         """Each detection cut out of the undrawn frame (``dets`` in its pixels), as detect.py's
@@ -77,26 +76,29 @@ class Outputs:
                 continue
             ok, encoded = cv2.imencode(".jpg", crop, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
             if ok:
-                self._write(os.path.join(self.run_dir, path), encoded.data)
+                self._write(path, encoded.data)
 
-    def _write(self, path: str, data) -> bool:
+    def _write(self, relative: str, data) -> bool:
+        """``relative`` (``images/...``, ``labels/...``, ``crops/...``) written under the root."""
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            self.store.write(relative, data)
+        except store_errors() as exc:
+            if not self.store.is_url and getattr(exc, "errno", None) not in DISK_FULL:
                 raise
-            self._stop_writing(path, exc)
+            self._stop_writing(self.store.where(relative), exc)
             return False
         return True
 
-    def _stop_writing(self, path: str, exc: OSError) -> None:
-        try:
-            os.unlink(path)  # never leave a truncated file behind
-        except OSError:
-            pass
-        self.error = f"{os.strerror(exc.errno)} writing {path}: image and label saving stopped, detections go on"
+    def _stop_writing(self, where: str, exc: BaseException) -> None:
+        if self.store.is_url:  # an object's PUT is whole or absent: nothing to remove
+            reason = why(exc)
+        else:
+            try:
+                os.unlink(where)  # never leave a truncated file behind
+            except OSError:
+                pass
+            reason = os.strerror(exc.errno)
+        self.error = f"{reason} writing {where}: image and label saving stopped, detections go on"
         self.log.info("%s", self.error)  # the collector reports it once for the whole run
 
 
