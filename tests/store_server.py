@@ -26,12 +26,13 @@ def jpeg(seed: int, shape=(48, 64)) -> bytes:
 
 
 @contextlib.contextmanager
-def s3_server(monkeypatch=None):
-    """``(endpoint, env)``: a moto server on a free port of 127.0.0.1 and the variables a process
-    needs to reach it; with ``monkeypatch``, this process's environment is set too."""
+def s3_server(monkeypatch=None, host: str = "127.0.0.1"):
+    """``(endpoint, env)``: a moto server on a free port of ``host`` (an address of this machine)
+    and the variables a process needs to reach it; with ``monkeypatch``, this process's
+    environment is set too."""
     server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed (requirements-dev.txt)")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line a request otherwise
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = server_mod.ThreadedMotoServer(ip_address=host, port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
