@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import urllib.request
 
 import cv2
 import numpy as np
@@ -42,8 +43,18 @@ def s3_server(monkeypatch=None, host: str = "127.0.0.1"):
                 monkeypatch.setenv(key, value)
         yield env["AWS_ENDPOINT_URL"], env
     finally:
+        _reset(server)
         server.stop()
         _forget_clients()
+
+
+def _reset(server) -> None:
+    """Empty the server's store: moto keeps its buckets per process, and the next server this
+    process starts would list this one's objects."""
+    host, port = server.get_host_and_port()
+    request = urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")
+    with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=10):
+        pass
 
 
 def _forget_clients() -> None:

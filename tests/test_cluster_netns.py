@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 NODES = 3
 IMAGES = 48
-VICTIM_IMAGES = 150  # under imgs-more/: the run in which a node is killed
+VICTIM_IMAGES = 400  # under imgs-more/: the run in which a node is killed (long enough for a late victim)
 VICTIM_FRAMES = 8  # journaled on the victim before it is killed, and at least as many fed and not done
 RUN_TIMEOUT_S = 180.0
 CLEAN_TIMEOUT_S = 60.0
@@ -51,8 +51,7 @@ def netns():
         pytest.skip(f"Ray nodes in network namespaces cannot be made here: {reason}")
     with netns_cluster.netns_cluster() as made, pytest.MonkeyPatch.context() as patch, \
             s3_server(patch, host=netns_cluster.HOST_IP) as (_endpoint, env):
-        fill_bucket({**{f"imgs/{i:03d}.jpg": jpeg(i) for i in range(IMAGES)},
-                     **{f"imgs-more/{i:03d}.jpg": jpeg(1000 + i) for i in range(VICTIM_IMAGES)}})
+        fill_bucket({f"imgs/{i:03d}.jpg": jpeg(i) for i in range(IMAGES)})
         print(f"{NODES} namespaced nodes started in {made.start(NODES, env):.1f} s")
         yield made, env
 
@@ -164,7 +163,8 @@ def test_a_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(netns, clean
     sees the node dead (health checks every second here), what it had delivered counts, the rest
     runs on the other nodes."""
     made, env = netns
-    victim = made.add_node({**env, TEST_SLOW_ENV: "pre:40"})
+    fill_bucket({f"imgs-more/{i:03d}.jpg": jpeg(1000 + i) for i in range(VICTIM_IMAGES)})
+    victim = made.add_node({**env, TEST_SLOW_ENV: "pre:20"})
     made.wait_for_nodes()
     log = tmp_path / "driver.stderr"
     proc = start_driver(made, env, log, "killed", "--source", f"s3://{BUCKET}/imgs-more")
@@ -191,6 +191,7 @@ def test_a_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(netns, clean
     assert sum(row["processed"] for row in rows.values()) == VICTIM_IMAGES
     folder = run_folder(made, "killed")
     assert saved_images(folder) == [f"{i:03d}.jpg" for i in range(VICTIM_IMAGES)], "every annotated image once"
+    print(f"{VICTIM_IMAGES} frames, " + ", ".join(f"{host} {row['processed']}" for host, row in sorted(rows.items())))
     assert not [p for p in folder.rglob(".*") if p.is_file()], "no partial copy or spill file left"
     print(f"the killed node had delivered {dead['processed']} frames; "
           f"{sum(r['frames'] for r in report['cluster']['requeued'])} ran again elsewhere")
