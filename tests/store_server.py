@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import urllib.request
 
 import cv2
 import numpy as np
@@ -26,12 +27,13 @@ def jpeg(seed: int, shape=(48, 64)) -> bytes:
 
 
 @contextlib.contextmanager
-def s3_server(monkeypatch=None):
-    """``(endpoint, env)``: a moto server on a free port of 127.0.0.1 and the variables a process
-    needs to reach it; with ``monkeypatch``, this process's environment is set too."""
+def s3_server(monkeypatch=None, host: str = "127.0.0.1"):
+    """``(endpoint, env)``: a moto server on a free port of ``host`` (an address of this machine)
+    and the variables a process needs to reach it; with ``monkeypatch``, this process's
+    environment is set too."""
     server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed (requirements-dev.txt)")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line a request otherwise
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = server_mod.ThreadedMotoServer(ip_address=host, port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
@@ -41,8 +43,18 @@ def s3_server(monkeypatch=None):
                 monkeypatch.setenv(key, value)
         yield env["AWS_ENDPOINT_URL"], env
     finally:
+        _reset(server)
         server.stop()
         _forget_clients()
+
+
+def _reset(server) -> None:
+    """Empty the server's store: moto keeps its buckets per process, and the next server this
+    process starts would list this one's objects."""
+    host, port = server.get_host_and_port()
+    request = urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")
+    with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=10):
+        pass
 
 
 def _forget_clients() -> None:
