@@ -30,6 +30,7 @@ import time
 from cluster.janitor import start_detached
 from cluster.outbox import Outbox
 from cluster.reach import unreachable
+from inputs import kinds  # noqa: F401 - the registry tells the feed which kinds its lines may name (a stored image)
 from inputs.feed import END, FEED_PREFIX, FeedEntry, feed_path
 from settings.config import RunConfig, config_toml
 

@@ -87,7 +87,7 @@ class FeedEntry:
             raise ValueError(f"expected a feed line (JSON of a FeedEntry), got {line[:200]!r}: {exc}") from None
 
 
-_finite_kind = FEED_KINDS.__contains__  # until inputs.kinds says which registered kinds are read frame by frame
+_finite_kind = FEED_KINDS.__contains__  # until inputs.kinds, once imported, says which registered kinds are read frame by frame
 
 
 def accept_kinds(finite_kind) -> None:

@@ -147,3 +147,17 @@ def test_a_pipeline_reads_its_feed_as_it_is_written_and_ends_at_the_end_lines(tm
     assert ids == sorted({2 * k for k in range(16)} | {2 * k + 1 for k in range(6)})  # reader w's k-th: 2k + w
     assert sorted(p.name for p in (run_dir / "images" / "s").iterdir()) == [f"{i:03d}.jpg" for i in range(12)]
     assert [(v["video"], v["frames"]) for v in report["sources"]["videos"]] == [("videos/clip.mp4", 10)], report["sources"]
+
+
+def test_a_process_that_writes_feed_lines_knows_the_registered_kinds():
+    """A cluster node's actor writes lines naming any finite registered kind (an image in object
+    storage): the module that writes them loads the registry, which tells the feed (a fresh
+    interpreter, as a Ray worker is)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+    code = ("import cluster.node\nfrom inputs.feed import FeedEntry\n"
+            "FeedEntry('stored', 's3://b/a.jpg', 'a.jpg', 1, 0)\nprint('ok')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
