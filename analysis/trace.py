@@ -60,8 +60,9 @@ def trace_events(run: RunData) -> dict:
     events = [_metadata("process_name", w["pid"], 0, process_label(w)) for w in ordered]
     events += [_metadata("process_sort_index", w["pid"], 0, None, sort_index=i) for i, w in enumerate(ordered)]
     events += [_metadata("thread_name", w["pid"], FRAME_TID, "frames") for w in ordered]
+    spans = trace_spans()
     for f in traced_frames(run):
-        for role, label, t0, t1 in trace_spans():
+        for role, label, t0, t1 in spans:
             pid = pid_of(f.get("workers", {}).get(role), f["t"][t0])
             if pid is None:
                 continue

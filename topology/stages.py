@@ -15,6 +15,7 @@ read through functions, never copied at import, so a stage registered later is s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 RUNNER_ENDPOINTS = ("control", "progress", "health")  # bound by the runner itself
@@ -83,6 +84,7 @@ def register_stage(kind: StageKind, after: str) -> None:
     if after not in frame_roles():
         raise ValueError(f"expected a frame stage to put {kind.role!r} after, one of {frame_roles()}, got {after!r}")
     _STAGES.insert([k.role for k in _STAGES].index(after) + 1, kind)
+    release_by.cache_clear()
 
 
 def stages() -> tuple[StageKind, ...]:
@@ -162,8 +164,10 @@ def latency_intervals() -> dict[str, tuple[str, str]]:
     return intervals
 
 
+@functools.cache
 def release_by(keep_image: bool, video: bool) -> str:
-    """The stage that gives a frame's slot back: the last one that reads it."""
+    """The stage that gives a frame's slot back: the last one that reads it (asked per frame:
+    kept until the table changes)."""
     def reads(kind: StageKind) -> bool:
         return (LETTERBOXED in kind.reads or (keep_image and not video and ORIGINAL in kind.reads)
                 or (keep_image and video and VIDEO_ORIGINAL in kind.reads))
