@@ -52,6 +52,8 @@ def config_line(report: dict) -> str:
     machine = report["machine"]
     inference = report.get("inference") or {}
     model = f"{inference['precision']}, {inference['backend']}; " if inference else ""
+    if inference.get("data_path"):
+        model += f"data path {inference['data_path']}; "
     return (f"Device {cfg.get('device')} ({machine['cores']} cores); {', '.join(roles)}; batch {cfg.get('batch_size')}; "
             f"imgsz {cfg.get('imgsz')} {letterbox}; {model}{weights}.")
 

@@ -227,10 +227,12 @@ def cpu_report(usage: dict, stages: dict, window, cores: int | None, fps: float 
 
 
 def inference_of(stages: dict, config: dict, environment: dict) -> dict:
-    """{"precision", "backend"}: what the inference workers ran (as they reported it; else what
-    the configuration asked, for a run that stopped before they reported)."""
+    """{"precision", "backend", "data_path"}: what the inference workers ran (as they reported it;
+    else what the configuration asked, for a run that stopped before they reported), and where
+    the frames' pixels lived (host, or device: decoded to encoded by the inference workers)."""
+    data_path = config.get("data_path") or "host"
     if config.get("preset") == "none" and not config.get("weights"):
-        return {"precision": "none", "backend": "none (--preset none: no model)"}
+        return {"precision": "none", "backend": "none (--preset none: no model)", "data_path": data_path}
     devices = ",".join(config.get("devices") or [str(config.get("device") or "cpu")])
     reported = sorted({w.get("precision") for w in stages["infer"]["per_worker"]} - {None})
     if reported:
@@ -241,7 +243,7 @@ def inference_of(stages: dict, config: dict, environment: dict) -> dict:
         precision = "fp32"
     bf16 = "bf16" in reported or (not reported and precision == "bf16")
     spec = recorded_backend(config.get("backend") or DEFAULT_BACKEND)
-    return {"precision": precision, "backend": spec.label(environment, devices, autocast=bf16)}
+    return {"precision": precision, "backend": spec.label(environment, devices, autocast=bf16), "data_path": data_path}
 
 
 def link_report(links: dict) -> dict:
@@ -267,7 +269,7 @@ def summary_of(report: dict) -> dict:
             "bottleneck": neck["stage"], "limit": neck["limit"], "hint": neck["hint"],
             "peak_pss_total_bytes": report["resources"]["peak_pss_total_bytes"],
             "precision": report["inference"]["precision"], "backend": report["inference"]["backend"],
-            "restarts": len(report["restarts"]), "stop_reason": report["stop"]["reason"],
+            "data_path": report["inference"].get("data_path", "host"), "restarts": len(report["restarts"]), "stop_reason": report["stop"]["reason"],
             "stop_signal": report["stop"]["signal"], "images_saved": report["outputs"]["images_saved"],
             "videos_saved": [v["video"] for v in report["sources"]["videos"]],
             "video_frames_saved": sum(v["frames"] for v in report["sources"]["videos"]),

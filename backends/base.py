@@ -11,7 +11,12 @@ import torch
 
 from backends.options import BackendOptions
 from yolo.detect import DetectOptions, candidates_for_batch
-from yolo.tensors import BatchInput
+from yolo.nms import select_candidates
+from yolo.tensors import BatchInput, chw_batch_to_input
+
+
+def _no_sync() -> None:
+    pass
 
 
 class Backend:
@@ -40,6 +45,27 @@ class Backend:
         t_end = time.perf_counter()
         steps = {"to_device": t_device - t_start, "forward": t_forward - t_device, "select": t_end - t_forward}
         return [c.numpy() for c in found], steps
+
+    def run_device_batch(self, images: list[torch.Tensor], rows: int,
+                         opts: DetectOptions) -> tuple[list[torch.Tensor], dict[str, float]]:
+        """:meth:`run_batch` for frames already on the device (``--data-path device``): uint8
+        Tensor[3, H, W] of one shape in, per image its candidate rows Tensor[K, 6] float32 left
+        on the device (NMS runs there; only the kept rows cross to the host)."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
+        t_start = time.perf_counter()
+        with torch.inference_mode():
+            batch = torch.stack(list(images) + [images[-1]] * (rows - len(images)))
+            x = chw_batch_to_input(batch, self.device, self.model.input_dtype)
+            sync()
+            t_device = time.perf_counter()
+            prediction = self.model(x)[:len(images)]
+            sync()
+            t_forward = time.perf_counter()
+            found = [select_candidates(p, opts.conf_thres).float() for p in prediction]
+            sync()
+        t_end = time.perf_counter()
+        steps = {"to_device": t_device - t_start, "forward": t_forward - t_device, "select": t_end - t_forward}
+        return found, steps
 
     def set_measuring(self, measuring: bool) -> None:
         if self.timing is not None:

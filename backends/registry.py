@@ -41,6 +41,7 @@ class BackendSpec:
     packages: tuple[str, ...] = ()  # distributions whose versions the run's environment lists; the first is the engine
     autocast: bool = False  # its bf16 is torch's autocast (the start line and the report say so)
     sweep: str = ""  # why a sweep trial moves to it from the default backend; "": the sweep never tries it
+    device_tensors: bool = False  # takes frames as torch tensors on its device (--data-path device)
 
     @property
     def title(self) -> str:
@@ -59,7 +60,7 @@ class BackendSpec:
 
 _BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (
     BackendSpec("torch", "backends.torch_backend", devices=("cpu", "cuda"), engine="PyTorch", mode="eager",
-                packages=("torch", "torchvision"), autocast=True),
+                packages=("torch", "torchvision"), autocast=True, device_tensors=True),
     BackendSpec("openvino", "backends.openvino", devices=("cpu",), requires="openvino", engine="OpenVINO",
                 packages=("openvino",),
                 sweep="OpenVINO's forward, less inference CPU per frame (the model converted once, cached)"),

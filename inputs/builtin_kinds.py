@@ -10,7 +10,9 @@ keeps open), plan a source string or a file into items (given the
 from __future__ import annotations
 
 from inputs.frames import Frame, FrameReadError, FrameRef, SourceItem, StreamError
-from inputs.imageio import image_size, read_image
+import numpy as np
+
+from inputs.imageio import image_size, read_encoded, read_image
 from inputs.streams import LiveStream, VideoReader, is_url, probe_video, stream_name
 from inputs.synthetic import SYNTHETIC_SHAPES, synthetic_image
 
@@ -30,6 +32,16 @@ def read_broken(ref: FrameRef, reader) -> Frame:
 def read_image_file(ref: FrameRef, reader) -> Frame:
     image, original_shape, reduction = read_image(ref.location, reader.decode)
     return Frame(ref, image, original_shape, reduction)
+
+
+def read_image_file_encoded(ref: FrameRef, reader) -> Frame:
+    """The image file's bytes, left for the device to decode (:func:`inputs.imageio.read_encoded`)."""
+    try:
+        data = np.fromfile(ref.location, np.uint8)
+    except OSError as error:
+        raise FrameReadError(f"cannot read image: {ref.location} ({error.strerror})") from error
+    data, shape = read_encoded(data, reader.decode, ref.location)
+    return Frame(ref, None, shape, encoded=data)
 
 
 def image_sizes(items: list[SourceItem]) -> list[tuple[int, int]]:

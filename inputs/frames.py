@@ -115,13 +115,17 @@ class Frame:
             :func:`yolo.boxes.unreduce_boxes`.
         reduction (int): 1, 2, 4 or 8.
         video (VideoInfo | None): metadata of the video or stream; None for images.
+        encoded (np.ndarray[N] | None): the file's ``uint8`` bytes, undecoded, when the reader
+            was asked for them (the device data path decodes on the device); ``image`` is then
+            None and ``original_shape`` the file header's ``(H, W)`` as stored.
     """
 
     ref: FrameRef
-    image: np.ndarray
+    image: np.ndarray | None
     original_shape: tuple[int, int]
     reduction: int = 1
     video: VideoInfo | None = None
+    encoded: np.ndarray | None = None
 
 
 class FrameReadError(ValueError):

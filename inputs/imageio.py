@@ -263,6 +263,20 @@ def read_image(path: str, options: DecodeOptions) -> tuple[np.ndarray, tuple[int
     return decode_image(data, options, path)
 
 
+def read_encoded(data: np.ndarray, options: DecodeOptions, what: str) -> tuple[np.ndarray, tuple[int, int]]:
+    """An image file's bytes, checked as far as its header allows (not empty, within the pixel
+    limit), left encoded for a decoder elsewhere (the device data path's); and ``(H, W)`` from
+    that header (as stored: an EXIF rotation is applied by the decoder), ``(0, 0)`` when the
+    header does not say."""
+    if data.size == 0:
+        raise FrameReadError(f"cannot decode image (empty file): {what}")
+    size = image_size(data)
+    if size is None:
+        return data, (0, 0)
+    check_pixel_limit(size, options.max_pixels, what)
+    return data, (size[1], size[0])
+
+
 def set_opencv_pixel_limit(max_pixels: int) -> None:
     """Set ``OPENCV_IO_MAX_IMAGE_PIXELS``, OpenCV's own limit on decoded image size, for
     processes started from now on.

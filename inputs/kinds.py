@@ -54,6 +54,9 @@ class InputKind:
             (:class:`inputs.reader.FrameReader`) has ``decode``, ``streams``, ``seed``,
             ``vid_stride``, ``opener``, ``held`` (what stays open between reads, closed with
             the reader) and ``given_up``.
+        read_encoded: ``(ref, reader) -> Frame`` with ``encoded`` bytes and no ``image``: a
+            frame of an encoded file, read for the device data path to decode on the device;
+            None: the kind's frames are decoded on the host there too (``read``).
         live: its frames come as the source makes them (a camera): no planned length, only the
             newest frame kept, one worker reads the item.
         video: its frames have a place in a video (numbered ``name:000001``, read whole and in
@@ -79,6 +82,7 @@ class InputKind:
 
     name: str
     read: Callable[[FrameRef, Any], Frame] | None = None
+    read_encoded: Callable[[FrameRef, Any], Frame] | None = None
     live: bool = False
     video: bool = False
     numbered_by_item: bool = False
@@ -100,11 +104,12 @@ _KINDS: dict[str, InputKind] = {kind.name: kind for kind in (
               open_live=builtin.open_stream),
     InputKind("feed", live=True, video=True, recognise=is_feed, plan=lambda source, planning: feed_items(source),
               share_reader=FeedReader, check_workers=check_feed_workers),
-    InputKind("image", read=builtin.read_image_file, extensions=IMAGE_EXTENSIONS, frame_sizes=builtin.image_sizes),
+    InputKind("image", read=builtin.read_image_file, read_encoded=builtin.read_image_file_encoded, extensions=IMAGE_EXTENSIONS, frame_sizes=builtin.image_sizes),
     InputKind("video", read=builtin.read_video_frame, video=True, extensions=VIDEO_EXTENSIONS,
               file_item=builtin.video_item, frame_sizes=builtin.video_sizes),
     InputKind("broken", read=builtin.read_broken),
-    InputKind(object_store.KIND, read=object_store.read_stored, recognise=object_store.is_store_url,
+    InputKind(object_store.KIND, read=object_store.read_stored, read_encoded=object_store.read_stored_encoded,
+              recognise=object_store.is_store_url,
               plan=object_store.plan_store, frame_sizes=object_store.stored_sizes),
 )}
 

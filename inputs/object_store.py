@@ -25,7 +25,7 @@ import posixpath
 import numpy as np
 
 from inputs.frames import Frame, FrameReadError, FrameRef, SourceItem
-from inputs.imageio import decode_image, image_size
+from inputs.imageio import decode_image, image_size, read_encoded
 from inputs.frames import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from inputs.streams import URL_SCHEMES
 
@@ -94,15 +94,24 @@ def plan_store(source: str, planning) -> list[SourceItem]:
     return items
 
 
-def read_stored(ref: FrameRef, reader) -> Frame:
-    """An image's bytes from the store, decoded within the reader's limits."""
+def _stored_bytes(ref: FrameRef) -> np.ndarray:
     try:
         fs, path = store_of(ref.location)
-        data = fs.cat_file(path)
+        return np.frombuffer(fs.cat_file(path), np.uint8)
     except Exception as exc:  # any error of the store is this frame's: the run goes on
         raise FrameReadError(f"cannot read {ref.location}: {_said(exc)}") from None
-    image, original_shape, reduction = decode_image(np.frombuffer(data, np.uint8), reader.decode, ref.location)
+
+
+def read_stored(ref: FrameRef, reader) -> Frame:
+    """An image's bytes from the store, decoded within the reader's limits."""
+    image, original_shape, reduction = decode_image(_stored_bytes(ref), reader.decode, ref.location)
     return Frame(ref, image, original_shape, reduction)
+
+
+def read_stored_encoded(ref: FrameRef, reader) -> Frame:
+    """An image's bytes from the store, left for the device to decode."""
+    data, shape = read_encoded(_stored_bytes(ref), reader.decode, ref.location)
+    return Frame(ref, None, shape, encoded=data)
 
 
 def stored_sizes(items: list[SourceItem]) -> list[tuple[int, int]]:

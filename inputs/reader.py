@@ -52,8 +52,9 @@ class FrameReader:
     """
 
     def __init__(self, seed: int = 0, decode: DecodeOptions | None = None, streams: StreamOptions | None = None,
-                 vid_stride: int = 1, opener: Opener = open_capture) -> None:
+                 vid_stride: int = 1, opener: Opener = open_capture, encoded: bool = False) -> None:
         self.seed = seed
+        self.encoded = encoded  # files of kinds that can are read undecoded (Frame.encoded)
         self.decode = decode or DecodeOptions()
         self.streams = streams or StreamOptions()
         self.vid_stride = vid_stride
@@ -81,6 +82,8 @@ class FrameReader:
             raise ValueError(f"expected a frame of a finite kind ({finite}), got {ref.kind!r} for {ref.name}: "
                              "live frames are read by their share's reader")
         try:
+            if self.encoded and kind.read_encoded is not None:
+                return kind.read_encoded(ref, self)
             return kind.read(ref, self)
         except FrameReadError as error:
             error.ref = ref
@@ -94,14 +97,16 @@ class FrameReader:
 
 
 def open_share(plan: FramePlan, worker: int = 0, workers: int = 1, start: int = 0, *,
-               decode: DecodeOptions | None = None, streams: StreamOptions | None = None, seed: int = 0):
+               decode: DecodeOptions | None = None, streams: StreamOptions | None = None, seed: int = 0,
+               encoded: bool = False):
     """The reader of one worker's share: the ``share_reader`` of the kind that recognised the
-    plan's source (a feed's :class:`inputs.feed.FeedReader`), else a :class:`ShareReader`."""
+    plan's source (a feed's :class:`inputs.feed.FeedReader`), else a :class:`ShareReader`.
+    ``encoded``: image files come undecoded (``Frame.encoded``), for a decoder on the device."""
     kind = source_kind(plan.source)
     if kind is not None and kind.share_reader is not None:
-        frames = FrameReader(seed, decode, streams, plan.vid_stride)
+        frames = FrameReader(seed, decode, streams, plan.vid_stride, encoded=encoded)
         return kind.share_reader(plan, worker, workers, start, frames=frames)
-    return ShareReader(plan, worker, workers, start, decode=decode, streams=streams, seed=seed)
+    return ShareReader(plan, worker, workers, start, decode=decode, streams=streams, seed=seed, encoded=encoded)
 
 
 class ShareReader:
@@ -116,11 +121,13 @@ class ShareReader:
         streams (StreamOptions | None): timeouts and reconnects of URLs and live streams.
         seed (int): the seed of synthetic scenes.
         opener (Callable): opens a capture; tests pass fakes.
+        encoded (bool): frames of kinds that can (image files, stored images) come undecoded:
+            ``Frame.encoded`` holds the file's bytes (see :class:`inputs.kinds.InputKind`).
     """
 
     def __init__(self, plan: FramePlan, worker: int = 0, workers: int = 1, start: int = 0, *,
                  decode: DecodeOptions | None = None, streams: StreamOptions | None = None, seed: int = 0,
-                 opener: Opener = open_capture) -> None:
+                 opener: Opener = open_capture, encoded: bool = False) -> None:
         self._plan, self._worker, self._workers = plan, worker, workers
         self._ids = plan.worker_ids(worker, workers)
         self._rotation = list(plan.worker_streams(worker, workers)) if plan.open_ended else []
@@ -129,7 +136,7 @@ class ShareReader:
             raise ValueError(f"expected start to be an int in [0, {limit if limit is not None else 'inf'}], "
                              f"got {start!r}")
         self._position = start
-        self._frames = FrameReader(seed, decode, streams, plan.vid_stride, opener)
+        self._frames = FrameReader(seed, decode, streams, plan.vid_stride, opener, encoded)
         self._live: dict[int, Any] = {}  # item -> its open live stream (see InputKind.open_live)
         self._finished: list[StreamStats] = []
         self._given_up: dict[int, str] = {}

@@ -17,6 +17,7 @@ from settings.declare import Switch, own_flag, sections, setting, switches_off
 MODULE_TIMING = ("none", "layers", "blocks", "leaves")
 TIMING_MODES = ("auto", "cpu", "cuda-sync", "cuda-events")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DATA_PATHS = ("auto", "host", "device")
 
 
 MAX_LINE_THICKNESS = 100
@@ -71,6 +72,10 @@ class RunConfig:
                               "decoding")
     device: str = setting("cpu", "pipeline", "cpu, cuda, cuda:N, N, or a list such as cuda:0,cuda:1 or 0,1 (a bare N "
                           "is cuda:N); with --ray also auto (cuda on a node with a GPU, else cpu)")
+    data_path: str = setting("auto", "pipeline", "where a frame's pixels live from decode to encode: host (numpy and "
+                             "OpenCV in the preprocess and postprocess workers), device (torch tensors on --device, "
+                             "decoded, letterboxed, suppressed, drawn and JPEG-encoded there by the inference "
+                             "workers), or auto (device with CUDA, else host)", choices=lambda: DATA_PATHS)
     workers: int = setting(0, "pipeline", "default for --pre-workers and --post-workers (0: one per core)")
     pre_workers: int = setting(0, "pipeline", "source + preprocess processes (0: --workers)")
     infer_workers: int = setting(0, "pipeline", "inference processes (0: one per GPU, one per core on CPU)")
@@ -125,6 +130,7 @@ class RunConfig:
         _check(self.duration >= 0, "duration", ">= 0 seconds (0 = off)", self.duration)
         _check(self.vid_stride >= 1, "vid_stride", ">= 1", self.vid_stride)
         _check(self.decode in ("full", "reduced"), "decode", "'full' or 'reduced'", self.decode)
+        _check(self.data_path in DATA_PATHS, "data_path", f"one of {DATA_PATHS}", self.data_path)
         backends = backend_names()
         _check(self.backend in backends, "backend", f"one of {backends}", self.backend)
         _check(self.max_pixels > 0, "max_pixels", "> 0", self.max_pixels)

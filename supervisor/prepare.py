@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from analysis.machine import Machine
-from backends.registry import check_backend
+from backends.registry import backend_names, backend_spec, check_backend
 from backends.registry import prepare_backend as prepare_backend_once
 from supervisor.limits import check_descriptors, check_frame_memory
 from settings.config import ConfigError, RunConfig
@@ -67,6 +67,7 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
         choose_precision(devices[0], cfg.half)
     except ValueError as exc:
         raise ConfigError(f"config half: {exc}") from None
+    data_path = _data_path(cfg, on_cuda)
     names = _class_names(cfg)
     _check_classes(cfg.classes, names)
     cores = machine.cores
@@ -74,10 +75,26 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     infer = cfg.infer_workers or (len(devices) if on_cuda else cores)
     resolved = dataclasses.replace(cfg, classes=tuple(cfg.classes), workers=workers,
                                    pre_workers=cfg.pre_workers or workers, post_workers=cfg.post_workers or workers,
-                                   infer_workers=infer, infer_threads=cfg.infer_threads or 1, devices=tuple(devices))
+                                   infer_workers=infer, infer_threads=cfg.infer_threads or 1, devices=tuple(devices),
+                                   data_path=data_path)
     check_descriptors(resolved)
     check_frame_memory(resolved, resolved.pre_workers * ring_frames(resolved))
     return resolved, machine, names
+
+
+def _data_path(cfg: RunConfig, on_cuda: bool) -> str:
+    """``auto`` resolved (device with CUDA, host on a CPU); what the device path cannot do refused."""
+    data_path = cfg.data_path if cfg.data_path != "auto" else ("device" if on_cuda else "host")
+    if data_path != "device":
+        return data_path
+    if cfg.decode != "full":
+        raise ConfigError(f"config decode: expected 'full' with data_path device (the device decodes whole JPEGs), "
+                          f"got {cfg.decode!r}")
+    if _runs_a_model(cfg) and not backend_spec(cfg.backend).device_tensors:
+        takers = [name for name in backend_names() if backend_spec(name).device_tensors]
+        raise ConfigError(f"config data_path: device needs a backend that takes device tensors ({', '.join(takers)}), "
+                          f"got backend {cfg.backend!r}: use --data-path host")
+    return data_path
 
 
 def _runs_a_model(cfg: RunConfig) -> bool:

@@ -129,9 +129,9 @@ def _run_once(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, sh
                              log_path=log_path, run_dir=run_dir, run_tag=run_tag, names=names,
                              runner_pid=os.getpid(), slot_bytes=slot_bytes, slot_count=slot_count,
                              workers=tuple(workers), runner_started_s=runner_started_s, machine=machine.as_dict())
-        log.info("run %s: %s from %s; %s; %d pre, %d infer (%s, %d threads each), %d post workers",
+        log.info("run %s: %s from %s; %s; %d pre, %d infer (%s, %d threads each), %d post workers; data path %s",
                  os.path.basename(run_dir), frames_planned(cfg, plan), cfg.source, model_words(cfg), cfg.pre_workers,
-                 cfg.infer_workers, ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers)
+                 cfg.infer_workers, ",".join(cfg.devices), cfg.infer_threads, cfg.post_workers, cfg.data_path)
         log.debug("ipc sockets in %s; shared-memory segments %s*", ipc_dir, run_tag)
         launcher = Launcher(template)
         health = Health(cfg.heartbeat_timeout_s)

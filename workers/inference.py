@@ -24,6 +24,7 @@ from sharedmem.in_hand import InHand
 from sharedmem.slots import SlotError, SlotViews
 from wire.frame_header import FrameHeader
 from wire.wiring import StageArgs
+from workers.device_frames import DEVICE_SUBSTAGES, Arrived, DeviceFrames, Finished, OnDevice, check_arrived
 from workers.onward import FrameStage
 from yolo.detect import DetectOptions
 from yolo.letterbox import LETTERBOX_STRIDE
@@ -37,12 +38,14 @@ NO_CANDIDATES = np.zeros((0, 6), np.float32)
 
 class Waiting(NamedTuple):
     """A frame received and waiting for its batch: when it came, its header, the message's arrays,
-    and its letterboxed pixels (a view of its slot)."""
+    and its letterboxed pixels (a view of its slot; on the device data path a tensor there, with
+    the frame as decoded in ``on_device``)."""
 
     t_recv: float
     header: FrameHeader
     arrays: list
-    image: np.ndarray
+    image: np.ndarray | torch.Tensor
+    on_device: OnDevice | None = None
 
 
 class Detector:
@@ -75,10 +78,13 @@ class Detector:
         shape = (rows,) + images[0].shape
         cold = shape not in self.shapes_seen
         self.shapes_seen.add(shape)
+        on_device = isinstance(images[0], torch.Tensor)
         if self.backend is None:
-            return [NO_CANDIDATES] * len(images), cold
+            none = torch.zeros((0, 6), dtype=torch.float32, device=self.device) if on_device else NO_CANDIDATES
+            return [none] * len(images), cold
         self.backend.set_measuring(measured and not cold)
-        found, steps = self.backend.run_batch(images, rows, self.opts)
+        run = self.backend.run_device_batch if on_device else self.backend.run_batch
+        found, steps = run(images, rows, self.opts)
         if measured and not cold:
             for step, seconds in steps.items():
                 substages[step].add(seconds * 1e3)
@@ -108,6 +114,12 @@ class Inference(FrameStage):
         self.faults = TestFaults.for_role(ROLE)
         self.waiting: dict[tuple, list[Waiting]] = collections.defaultdict(list)  # by letterboxed shape
         self.substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
+        self.device_frames = None  # the device data path's steps (workers/device_frames.py)
+        if cfg.data_path == "device":
+            self.device_frames = DeviceFrames(self.detector.device, cfg, list(args.names))
+            self.substages.update((step, Samples()) for step in DEVICE_SUBSTAGES)
+        self.arrived: list[Arrived] = []  # device path: received, not yet decoded
+        self.out_of_memory_said = False
         self.batches = self.frames = self.cold_forwards = 0
         self.cold_forward_s = 0.0  # first forwards of an input shape: set-up time left out of ms per frame, said apart
         self.module_times = ModuleTimes(self.detector.timing)
@@ -125,6 +137,8 @@ class Inference(FrameStage):
             self.frames_in.start()
             self.started = True
         self.onward.step()
+        if self.arrived:
+            self.prepare_arrived()
         due = _due_batch(self.waiting, self.cfg, self.frames_in.all_ended())
         if due is None or len(self.onward.outbox) >= self.cfg.batch_size:
             return False
@@ -134,19 +148,71 @@ class Inference(FrameStage):
         self.run_batch(group)
         return True
 
+    def prepare_arrived(self) -> None:
+        """Device path: decode and letterbox on the device what came, into the batches' queues;
+        a frame that cannot be decoded fails with its reason."""
+        arrived, self.arrived = self.arrived, []
+        measured = all(a.header.id >= self.cfg.warmup for a in arrived)
+        with self.process.clock.busy():
+            self.in_hand.hold(*(a.header.id for a in arrived))
+            try:
+                prepared = self.device_frames.prepare(arrived, self.substages if measured else None)
+            except torch.OutOfMemoryError as exc:
+                prepared = [(a, out_of_memory_words(exc, f"decoding {len(arrived)} frames")) for a in arrived]
+            self.in_hand.hold()
+        for frame in prepared:
+            if isinstance(frame, OnDevice):
+                self.waiting[tuple(frame.boxed.shape)].append(
+                    Waiting(frame.arrived.t_recv, frame.header, frame.arrived.arrays, frame.boxed, frame))
+            else:
+                a, reason = frame
+                self.onward.failed(a.header.failed(ROLE, self.args.name, reason), release=True)
+
     def run_batch(self, group: list[Waiting]) -> None:
+        """Run ``group`` and send its frames on; on a device out of memory, each half in turn,
+        down to one frame, which then fails saying so (nothing of a group is sent before it ran)."""
+        try:
+            self.run_and_send(group)
+        except torch.OutOfMemoryError as exc:
+            self.in_hand.hold()
+            if self.detector.device.type == "cuda":
+                torch.cuda.empty_cache()
+            shape = "x".join(map(str, group[0].image.shape))
+            words = out_of_memory_words(exc, f"a batch of {len(group)} frames of {shape}")
+            if not self.out_of_memory_said:
+                self.out_of_memory_said = True
+                self.process.log.warning("%s: running smaller batches; a smaller --batch-size (now %d) avoids this",
+                                         words, self.cfg.batch_size)
+            if len(group) == 1:
+                self.onward.failed(group[0].header.failed(ROLE, self.args.name, words), release=True)
+                return
+            half = len(group) // 2
+            self.run_batch(group[:half])
+            self.run_batch(group[half:])
+
+    def run_and_send(self, group: list[Waiting]) -> None:
         measured = all(item.header.id >= self.cfg.warmup for item in group)
+        finished = None
         with self.process.clock.busy() as spent:
             self.in_hand.hold(*(item.header.id for item in group))
             t_start = time.perf_counter()
             found, cold = self.detector.candidates([item.image for item in group], self.substages, measured)
+            if self.device_frames is not None:
+                finished = self.device_frames.finish([item.on_device for item in group], found,
+                                                     self.substages if measured and not cold else None)
             self.faults.on_frames([item.header.name for item in group])
             t_end = time.perf_counter()
             self.in_hand.hold()
-        for header, arrays in _to_post(group, found, cold, t_start, t_end, self.args.name, len(group)):
+        if finished is None:
+            to_post = _to_post(group, found, cold, t_start, t_end, self.args.name, len(group))
+        else:
+            to_post = _finished_to_post(group, finished, cold, t_start, t_end, self.args.name, len(group))
+        for header, arrays in to_post:
             self.onward.put(header, arrays, release=header["release_by"] == ROLE)
         self.module_times.after_forward()
         if measured and not cold:
+            if finished is not None:  # each frame's share of its decode and letterbox, before the batch
+                spent = [spent[0] + sum(i.on_device.cost[0] for i in group), spent[1] + sum(i.on_device.cost[1] for i in group)]
             self.process.clock.add_frames(*spent, frames=len(group))
         elif cold:
             self.cold_forwards, self.cold_forward_s = self.cold_forwards + 1, self.cold_forward_s + t_end - t_start
@@ -154,9 +220,11 @@ class Inference(FrameStage):
         self.frames += len(group)
 
     def done(self) -> bool:
-        return self.frames_in.all_ended() and not self.waiting and self.onward.finished()
+        return self.frames_in.all_ended() and not self.arrived and not self.waiting and self.onward.finished()
 
     def poll_timeout_ms(self) -> float:
+        if self.arrived:
+            return 0.0
         if len(self.onward.outbox) >= self.cfg.batch_size:  # no batch may run until postprocess takes some
             return POLL_TIMEOUT_MS
         return self.onward.poll_timeout_ms(_poll_timeout_ms(self.waiting, self.cfg))
@@ -173,17 +241,22 @@ class Inference(FrameStage):
             if poison.get(header.id):  # failed as a frame whose pixels cannot be read is
                 raise SlotError(poison[header.id])
             image = self.views.array(header.px.get("lb"), msg.arrays)
-            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
+            if self.device_frames is not None:
+                check_arrived(image)
+            elif image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
                 raise SlotError(f"expected a uint8 3xHxW letterboxed frame, got {image.dtype} {image.shape}")
-        except SlotError as exc:
+        except (SlotError, ValueError) as exc:
             self.onward.failed(header.failed(ROLE, self.args.name, str(exc)), release=True)
+            return
+        if self.device_frames is not None:
+            self.arrived.append(Arrived(time.perf_counter(), header, msg.arrays, image))
             return
         self.waiting[tuple(image.shape)].append(Waiting(time.perf_counter(), header, msg.arrays, image))
 
     def finish(self) -> None:
         self.onward.flush()
         held = sorted([item.header.id for items in self.waiting.values() for item in items] +
-                      [h["id"] for h, _, _ in self.onward.outbox])
+                      [a.header.id for a in self.arrived] + [h["id"] for h, _, _ in self.onward.outbox])
         onward, detector = self.onward, self.detector
         self.process.tell_collector(self.process.summary(
             ROLE, self.frames, batches=self.batches, precision=detector.precision, backend=detector.backend_name,
@@ -249,6 +322,39 @@ def _to_post(group: list[Waiting], found: list[np.ndarray], cold: bool, t_start:
                                      px={**header.px, "orig": orig, "lb": None, "cands": {"inline": 0}})
         out.append((header.to_message(), arrays))
     return out
+
+
+def _finished_to_post(group: list[Waiting], finished: list[Finished], cold: bool, t_start: float, t_end: float,
+                      worker: str, batch: int) -> list[tuple[dict, list]]:
+    """The device path's frames as they go to postprocess: the kept detections, the encoded image
+    and crops in the message (a kept video frame's original stays in its slot, for the collector)."""
+    out = []
+    for item, done in zip(group, finished):
+        header = item.header
+        arrays = [done.detections]
+        px = {"lb": None, "cands": None, "dets": {"inline": 0}, "image": None, "crops": None, "orig": None}
+        orig = header.px.get("orig")
+        if orig is not None and "inline" in orig:  # no slot: the original travelled in the message
+            arrays.append(item.arrays[orig["inline"]])
+            orig = {"inline": len(arrays) - 1}
+        px["orig"] = orig
+        if done.image is not None:
+            arrays.append(done.image)
+            px["image"] = {"inline": len(arrays) - 1}
+        if done.crops:  # one array for them all: a message has a few parts only
+            sizes = [0 if crop is None else len(crop) for crop in done.crops]
+            arrays.append(np.frombuffer(b"".join(crop or b"" for crop in done.crops), np.uint8))
+            px["crops"] = {"data": {"inline": len(arrays) - 1}, "sizes": sizes}
+        times = {**header.t, "infer_recv": item.t_recv, "infer_start": t_start, "infer_end": t_end}
+        header = dataclasses.replace(header, t=times, batch=batch, infer=worker, cold=cold, px=px)
+        out.append((header.to_message(), arrays))
+    return out
+
+
+def out_of_memory_words(exc: BaseException, running: str) -> str:
+    """What a device out of memory says: what was running, and what the device said it asked for."""
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
+    return f"device out of memory running {running} ({said[:200]})"
 
 
 class ModuleTimes:

@@ -1,6 +1,8 @@
 """Postprocess stage: NMS on the candidate rows, boxes back to original pixels, draw and save the
 annotated image when this frame is one to keep (its original read from the preprocess worker's
 shared-memory slot, which this stage then gives back), and send the detections to the collector.
+On the device data path the frame comes finished (detections kept, image drawn and encoded by
+inference, workers/device_frames.py) and this stage writes it.
 
 A full disk stops image saving with one logged error: frames are still detected and counted."""
 
@@ -62,6 +64,18 @@ class Outputs:
             return True
         return False
 
+    def save_finished(self, name: str, image: np.ndarray) -> bool:
+        """An annotated image the device data path finished: a JPEG's bytes (1-D) written as
+        they are, or drawn BGR pixels (another extension) encoded here."""
+        if image.ndim == 3:
+            return self.save_image(name, image)
+        if image.dtype != np.uint8 or image.ndim != 1:
+            raise SlotError(f"expected an encoded image's uint8 bytes, got {image.dtype} {image.shape}")
+        if self.error is None and self._write(f"images/{name}", image.data):
+            self.saved += 1
+            return True
+        return False
+
     def write_labels(self, name: str, lines: list[str]) -> None:
         if self.error is None:
             self._write(label_path(name), "".join(f"{line}\n" for line in lines).encode())
@@ -77,6 +91,15 @@ class Outputs:
             ok, encoded = cv2.imencode(".jpg", crop, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
             if ok:
                 self._write(path, encoded.data)
+
+    def write_crops(self, name: str, jpegs: list, dets: torch.Tensor, names) -> None:
+        """Crops the device data path encoded (None: an empty crop), where :meth:`save_crops` puts them."""
+        classes = [int(c) for c in dets[:, 5].tolist()]
+        if len(jpegs) != len(classes):
+            raise SlotError(f"expected a crop per detection ({len(classes)}), got {len(jpegs)}")
+        for path, data in zip(crop_paths(name, classes, names), jpegs):
+            if data is not None and self.error is None:
+                self._write(path, data.data)
 
     def _write(self, relative: str, data) -> bool:
         """``relative`` (``images/...``, ``labels/...``, ``crops/...``) written under the root."""
@@ -105,13 +128,12 @@ class Outputs:
 def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, outputs: Outputs, substages: dict,
                 measured: bool, draw=None) -> dict:
     """NMS, boxes back to full-size original pixels, labels, and the annotated image (drawn here,
-    or, for a video frame, by the collector, which writes frames in order)."""
+    or, for a video frame, by the collector, which writes frames in order). A frame of the device
+    data path comes with its detections final and its image drawn and encoded
+    (workers/device_frames.py): only the writing is left."""
     t_start = time.perf_counter()
-    info = h.letterbox_info()
-    candidates = views.array(h.px.get("cands"), arrays)
-    if candidates.dtype != np.float32 or candidates.ndim != 2 or candidates.shape[1] != 6:
-        raise SlotError(f"expected float32 candidates of shape (K, 6), got {candidates.dtype} {candidates.shape}")
-    dets = final_detections(torch.from_numpy(candidates.copy()), info, opts)  # in the decoded image's pixels
+    on_device = h.px.get("dets") is not None
+    dets = _device_detections(h, arrays, views) if on_device else _host_detections(h, arrays, views, opts)
     full = in_full_size(dets, h.reduction, h.full_shape)
     t_nms = time.perf_counter()
     records = detection_records(full, h.name, h.id, names)
@@ -121,19 +143,26 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
     saved = False
     t_draw = t_nms
     orig = h.px.get("orig")
-    if first_pass and outputs.save_crop and orig is not None and len(dets):
-        outputs.save_crops(h.name, views.array(orig, arrays), dets, names)  # a reduced decode: its pixels
     to_collector = {}
     if h.keep_image and orig is not None and h.release_by == sink_role():
         to_collector = dict(video=h.video_message(), px={"orig": orig}, pre=h.pre, cycle=h.cycle,
                             draw=dets.tolist())  # the collector draws and writes video frames in order
-    elif h.keep_image and orig is not None:
-        image = np.array(views.array(orig, arrays))  # a copy: the slot stays as it was if we die
-        if image.ndim != 3 or image.shape[:2] != info.original_shape:
-            raise SlotError(f"expected the original of shape {info.original_shape}, got {image.shape}")
-        draw_detections(image, dets, names, inplace=True, **dataclasses.asdict(draw or DrawOptions()))
-        t_draw = time.perf_counter()
-        saved = outputs.save_image(annotated_name(h.name, h.cycle), image)
+    elif on_device:
+        if first_pass and outputs.save_crop and h.px.get("crops"):
+            outputs.write_crops(h.name, _crop_files(h.px["crops"], views.array(h.px["crops"]["data"], arrays)),
+                                dets, names)
+        if h.px.get("image") is not None:
+            saved = outputs.save_finished(annotated_name(h.name, h.cycle), views.array(h.px["image"], arrays))
+    else:
+        if first_pass and outputs.save_crop and orig is not None and len(dets):
+            outputs.save_crops(h.name, views.array(orig, arrays), dets, names)  # a reduced decode: its pixels
+        if h.keep_image and orig is not None:
+            image = np.array(views.array(orig, arrays))  # a copy: the slot stays as it was if we die
+            if image.ndim != 3 or image.shape[:2] != h.orig_shape:
+                raise SlotError(f"expected the original of shape {h.orig_shape}, got {image.shape}")
+            draw_detections(image, dets, names, inplace=True, **dataclasses.asdict(draw or DrawOptions()))
+            t_draw = time.perf_counter()
+            saved = outputs.save_image(annotated_name(h.name, h.cycle), image)
     t_end = time.perf_counter()
     if measured and not h.cold:
         substages["nms"].add((t_nms - t_start) * 1e3)
@@ -144,6 +173,31 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
                   workers={"pre": h.pre, "infer": h.infer}, batch=h.batch, image_saved=saved, cold=h.cold,
                   predictions=coco_results(records, names) if first_pass else [], image_error=outputs.error,
                   **to_collector).to_message()
+
+
+def _crop_files(crops: dict, data: np.ndarray) -> list[np.ndarray | None]:
+    """The device path's crops, sent as one array of JPEG files end to end: each file, None for an empty crop."""
+    sizes = crops.get("sizes")
+    if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes) or sum(sizes) != data.size:
+        raise SlotError(f"expected crop sizes adding up to {data.size} bytes, got {sizes!r}")
+    ends = np.cumsum(sizes).tolist()
+    return [data[end - n:end] if n else None for n, end in zip(sizes, ends)]
+
+
+def _host_detections(h: FrameHeader, arrays: list, views: SlotViews, opts) -> torch.Tensor:
+    """NMS on the candidate rows inference sent: the detections in the decoded image's pixels."""
+    candidates = views.array(h.px.get("cands"), arrays)
+    if candidates.dtype != np.float32 or candidates.ndim != 2 or candidates.shape[1] != 6:
+        raise SlotError(f"expected float32 candidates of shape (K, 6), got {candidates.dtype} {candidates.shape}")
+    return final_detections(torch.from_numpy(candidates.copy()), h.letterbox_info(), opts)
+
+
+def _device_detections(h: FrameHeader, arrays: list, views: SlotViews) -> torch.Tensor:
+    """The detections the device data path's NMS kept, in the frame's pixels."""
+    dets = views.array(h.px["dets"], arrays)
+    if dets.dtype != np.float32 or dets.ndim != 2 or dets.shape[1] != 6:
+        raise SlotError(f"expected float32 detections of shape (M, 6), got {dets.dtype} {dets.shape}")
+    return torch.from_numpy(np.array(dets))
 
 
 class Postprocess(FrameStage):

@@ -54,6 +54,23 @@ def prepare(frame: Frame, t_read: float, cfg, keep_original: bool, pre: str,
     return header, [chw, frame.image] if keep_original else [chw]
 
 
+def prepare_for_device(frame: Frame, t_read: float, keep_original: bool, pre: str,
+                       release_by: str) -> tuple[FrameHeader, list[np.ndarray]]:
+    """A frame for the device data path, undecoded: its file's bytes (or, for a frame only the
+    host decodes, a video's say, its BGR pixels, which a kept video frame's collector also
+    reads). Inference decodes and letterboxes it, and fills in the geometry left zero here."""
+    t_done = time.perf_counter()
+    ref = frame.ref
+    video = None if frame.video is None else VideoPlace(ref.item, ref.index, frame.video.fps, frame.video.frames)
+    data = frame.encoded if frame.encoded is not None else frame.image
+    shape = tuple(frame.original_shape)
+    header = FrameHeader(id=ref.frame_id, name=ref.name, cycle=ref.cycle, ratio=0.0, pad=(0.0, 0.0), orig_shape=shape,
+                         lb_shape=(0, 0), full_shape=shape, reduction=1, keep_image=keep_original, pre=pre,
+                         release_by=release_by, t={"read_start": t_read, "read_end": t_done, "pre_end": t_done},
+                         video=video)
+    return header, [data]
+
+
 class FramesOut:
     """Puts a prepared frame's arrays in a slot of this worker's ring (or in the message when
     there is no ring, or the frame is larger than a slot) and takes slots back on release."""
@@ -79,6 +96,8 @@ class FramesOut:
             slot = self.ring.acquire(header.id)
             refs, inline = self.ring.store(slot, arrays)
         px = {"lb": refs[0], "orig": refs[1] if len(refs) > 1 else None}
+        if header.lb_shape == (0, 0) and header.keep_image and header.video is not None:
+            px["orig"] = refs[0]  # the device path's video frame: the pixels inference uploads are the original too
         return dataclasses.replace(header, px=px).to_message(), inline
 
     def release(self, frame_id: int) -> None:
@@ -115,7 +134,8 @@ class Preprocess(Stage):
         self.faults = TestFaults.for_role(ROLE)
         self.substages, self.sent = {"read": Samples(), "letterbox": Samples()}, 0
         self.reader = process.own(open_share(plan, args.index, args.endpoints.counts[ROLE], args.start_position,
-                                decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels)))
+                                decode=DecodeOptions(cfg.decode, cfg.imgsz, cfg.max_pixels),
+                                encoded=cfg.data_path == "device"))
         self.handed = args.start_position  # ids of my share handed on (sent or failed), by me or a predecessor
         self.stream_errors: list[str] = []
         self.failures = process.own(FailureLog(process.log))
@@ -232,8 +252,11 @@ def _read_next(reader, slots: FramesOut, cfg, args: StageArgs, process: StagePro
     save_every = cfg.save_every
     position = frame.ref.index if frame.video is not None else frame.ref.frame_id  # a video keeps every N-th of its own
     keep = save_every > 0 and position % save_every == 0
-    releaser = release_by(keep, video=frame.video is not None)
-    return slots.pack(*prepare(frame, t_read, cfg, keep, args.name, releaser)), False, False
+    video = frame.video is not None
+    if cfg.data_path == "device":  # inference decodes, draws and encodes: only a kept video frame's slot outlives it
+        releaser = release_by(keep and video, video=video)
+        return slots.pack(*prepare_for_device(frame, t_read, keep, args.name, releaser)), False, False
+    return slots.pack(*prepare(frame, t_read, cfg, keep, args.name, release_by(keep, video=video))), False, False
 
 
 def _take_returns(returns_in: zmq.Socket, slots: FramesOut, args: StageArgs, drops: DropCounter) -> None:
