@@ -12,6 +12,7 @@ from dataclasses import dataclass
 TEST_SLOW_ENV = "YOLO_PIPELINE_TEST_SLOW"  # "post:30" makes each post frame burn 30 CPU-ms ("pre:5,post:30")
 TEST_START_ENV = "YOLO_PIPELINE_TEST_START_S"  # "infer:8": the stage starts 8 s later (a model that loads slowly)
 TEST_CRASH_ENV = "YOLO_PIPELINE_TEST_CRASH"  # "text" (pre), "infer:text", "post:text": die on frames so named
+TEST_OOM_ENV = "YOLO_PIPELINE_TEST_OOM"  # "2": inference's device runs out of memory on batches of more than 2 frames
 CRASH_EXIT_CODE = 70
 
 
@@ -20,12 +21,21 @@ class TestFaults:
     slow_ms: float = 0.0  # CPU-ms burnt per frame
     crash_on: str = ""  # die on a frame whose name holds this text
     start_delay_s: float = 0.0  # seconds of start-up added before the stage's first heartbeat
+    memory_frames: int = -1  # the most frames a batch may hold before the device runs out of memory; -1: no limit
 
     @classmethod
     def for_role(cls, role: str) -> TestFaults:
         return cls(slow_ms=_number_for(os.environ.get(TEST_SLOW_ENV, ""), role),
                    crash_on=_crash_text(os.environ.get(TEST_CRASH_ENV, ""), role),
-                   start_delay_s=_number_for(os.environ.get(TEST_START_ENV, ""), role))
+                   start_delay_s=_number_for(os.environ.get(TEST_START_ENV, ""), role),
+                   memory_frames=int(os.environ.get(TEST_OOM_ENV, "-1")) if role == "infer" else -1)
+
+    def on_batch(self, frames: int) -> None:
+        """A batch about to run: the device's out-of-memory error if it holds more frames than the test allows."""
+        if 0 <= self.memory_frames < frames:
+            import torch  # only inference asks, and it has torch
+            raise torch.OutOfMemoryError(f"Tried to allocate a batch of {frames} frames (test limit "
+                                         f"{self.memory_frames})")
 
     def delay_start(self) -> None:
         """A start-up as slow as the test asked (a sleep: loading a model mostly waits on disk)."""

@@ -166,6 +166,7 @@ class Inference(FrameStage):
                     Waiting(frame.arrived.t_recv, frame.header, frame.arrived.arrays, frame.boxed, frame))
             else:
                 a, reason = frame
+                self.process.log.warning("frame %d (%s) failed: %s", a.header.id, a.header.name, reason)
                 self.onward.failed(a.header.failed(ROLE, self.args.name, reason), release=True)
 
     def run_batch(self, group: list[Waiting]) -> None:
@@ -196,6 +197,7 @@ class Inference(FrameStage):
         with self.process.clock.busy() as spent:
             self.in_hand.hold(*(item.header.id for item in group))
             t_start = time.perf_counter()
+            self.faults.on_batch(len(group))
             found, cold = self.detector.candidates([item.image for item in group], self.substages, measured)
             if self.device_frames is not None:
                 finished = self.device_frames.finish([item.on_device for item in group], found,
