@@ -145,6 +145,20 @@ def input_kind(name: str) -> InputKind:
     return kind
 
 
+def planned_frame_sizes(items: list[SourceItem]) -> list[tuple[int, int]]:
+    """``(H, W)`` of the items' frames as far as their kinds tell them cheaply (videos: what
+    planning probed; images: the headers of the first few; synthetic scenes): the frame slots
+    are sized, and the inference workers' input shapes warmed, from them."""
+    by_kind: dict[str, list[SourceItem]] = {}
+    for item in items:
+        by_kind.setdefault(item.kind, []).append(item)
+    sizes = []
+    for name, group in by_kind.items():
+        frame_sizes = input_kind(name).frame_sizes
+        sizes += frame_sizes(group) if frame_sizes is not None else []
+    return sizes
+
+
 def input_kinds() -> tuple[InputKind, ...]:
     """Every registered kind, in the order registered."""
     return tuple(_KINDS.values())

@@ -305,12 +305,6 @@ def ring_frames(cfg: RunConfig) -> int:
 def _largest_frame_hw(plan) -> tuple[int, int]:
     """The largest frame the plan's items hold, as each input kind tells the sizes of its items
     (videos: what planning probed; images: the headers of the first few; synthetic scenes)."""
-    from inputs.kinds import input_kind
-    sizes = [DEFAULT_ORIGINAL_HW]
-    by_kind: dict[str, list] = {}
-    for item in plan.items:
-        by_kind.setdefault(item.kind, []).append(item)
-    for name, items in by_kind.items():
-        frame_sizes = input_kind(name).frame_sizes
-        sizes += frame_sizes(items) if frame_sizes is not None else []
+    from inputs.kinds import planned_frame_sizes
+    sizes = [DEFAULT_ORIGINAL_HW, *planned_frame_sizes(plan.items)]
     return max(sizes, key=lambda hw: hw[0] * hw[1])

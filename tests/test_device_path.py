@@ -296,3 +296,35 @@ def test_cli_data_path_defaults_and_refusals(caplog):
     caplog.clear()
     assert main(["--source", "synthetic", "--frames", "2", "--imgsz", "160", "--quiet", "--data-path", "device"]) == 0
     assert "2 frames in" in caplog.text and "data path device)" in caplog.text and "decoded on the host" not in caplog.text
+
+
+def test_warm_shapes_cover_every_bucket_of_the_common_letterbox_shapes():
+    from yolo.tensors import MAX_WARM_FRAME_SHAPES, warm_input_shapes
+    sizes = [(1080, 810)] * 3 + [(720, 1280)] * 2 + [(1080, 810)]
+    shapes = warm_input_shapes(sizes, 640, 32, True, 8)
+    assert shapes == [(rows, 640, 480) for rows in (1, 2, 4, 8)] + [(rows, 384, 640) for rows in (1, 2, 4, 8)]
+    assert warm_input_shapes(sizes, 640, 32, False, 3) == [(1, 640, 640), (2, 640, 640), (3, 640, 640)]
+    many = [(100 + i, 2000) for i in range(0, 64 * 40, 40)]  # rect: a letterboxed height of its own for most
+    assert len({(h, w) for _, h, w in warm_input_shapes(many, 640, 32, True, 1)}) == MAX_WARM_FRAME_SHAPES
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_warmed_shape_is_not_a_cold_forward(on_device):
+    """What the inference process does before granting credit on a GPU, here on CPU tensors:
+    a batch of a warmed shape is measured, not set apart as set-up."""
+    from types import SimpleNamespace
+
+    from settings.config import RunConfig
+    from workers.detector import Detector
+    from analysis.samples import Samples
+    args = SimpleNamespace(config=RunConfig(imgsz=64, batch_size=2, module_timing="none"), device="cpu", torch_threads=1)
+    detector = Detector(args)
+    assert detector.warm([(1, 64, 64), (2, 64, 64)], on_device=on_device) > 0
+    image = torch.zeros((3, 64, 64), dtype=torch.uint8) if on_device else np.zeros((3, 64, 64), np.uint8)
+    substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
+    found, cold = detector.candidates([image, image], substages, measured=True)
+    assert not cold and len(found) == 2 and substages["forward"].count == 1
+    assert isinstance(found[0], torch.Tensor) == on_device
+    _, cold = detector.candidates([np.zeros((3, 32, 64), np.uint8)] if not on_device
+                                  else [torch.zeros((3, 32, 64), dtype=torch.uint8)], substages, measured=True)
+    assert cold

@@ -2,13 +2,16 @@
 letterboxed shape into batches, reads their pixels from the preprocess workers' shared-memory
 slots, runs them on its device, and sends each frame's candidate rows (those above conf_thres,
 not the raw prediction) to the postprocess pool. With ``--preset none`` there is no model: it
-answers at once with no candidates, so a run measures what the pipeline itself can carry."""
+answers at once with no candidates, so a run measures what the pipeline itself can carry.
+
+On the device data path (``--data-path device``) frames come undecoded and this stage decodes,
+letterboxes, suppresses, draws and encodes them on its device too (workers/device_frames.py).
+The model side (backend, buckets, warm-up, per-module times) is workers/detector.py."""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
 import math
 import time
 from typing import NamedTuple
@@ -17,23 +20,20 @@ import numpy as np
 import torch
 
 from analysis.samples import Samples
-from backends.registry import load_backend
+from inputs.kinds import planned_frame_sizes
 from process.faults import TestFaults
 from process.stage_loop import POLL_TIMEOUT_MS, StageProcess, run_loop
 from sharedmem.in_hand import InHand
 from sharedmem.slots import SlotError, SlotViews
 from wire.frame_header import FrameHeader
 from wire.wiring import StageArgs
+from workers.detector import Detector, ModuleTimes, out_of_memory_words
 from workers.device_frames import DEVICE_SUBSTAGES, Arrived, DeviceFrames, Finished, OnDevice, check_arrived
 from workers.onward import FrameStage
-from yolo.detect import DetectOptions
 from yolo.letterbox import LETTERBOX_STRIDE
-from yolo.precision import choose_precision
-from yolo.presets import MODEL_FREE
-from yolo.tensors import batch_bucket
+from yolo.tensors import warm_input_shapes
 
 ROLE = "infer"
-NO_CANDIDATES = np.zeros((0, 6), np.float32)
 
 
 class Waiting(NamedTuple):
@@ -46,58 +46,6 @@ class Waiting(NamedTuple):
     arrays: list
     image: np.ndarray | torch.Tensor
     on_device: OnDevice | None = None
-
-
-class Detector:
-    """The backend and what a batch needs around it: the padded row count, first forwards of a
-    shape told apart, the steps' times."""
-
-    def __init__(self, args: StageArgs):
-        cfg = args.config
-        self.device = torch.device(args.device)
-        self.backend = None
-        self.precision = choose_precision(self.device, cfg.half)
-        if cfg.preset != MODEL_FREE or cfg.weights:
-            logging.getLogger("yolo.model").setLevel(logging.ERROR)  # the runner already warned of random weights
-            options = cfg.backend_options(args.device, self.precision, args.torch_threads)
-            self.backend = load_backend(cfg.backend, options)
-            if self.backend.max_stride != LETTERBOX_STRIDE:
-                raise RuntimeError(f"expected a model of max stride {LETTERBOX_STRIDE}, got {self.backend.max_stride}")
-        else:
-            self.precision = "none"
-        self.timing = self.backend.timing if self.backend else None
-        self.opts: DetectOptions = cfg.detect_options()
-        self.batch_size = cfg.batch_size
-        self.shapes_seen: set[tuple] = set()
-
-    def candidates(self, images: list[np.ndarray], substages: dict, measured: bool) -> tuple[list[np.ndarray], bool]:
-        """Per image (K, 6) candidate rows, and whether this was the first forward of its input
-        shape here (slow one-off set-up: excluded from statistics). On a GPU a partial batch runs
-        padded to its bucket (``batch_bucket``), so new input shapes stay few."""
-        rows = batch_bucket(len(images), self.batch_size) if self.device.type == "cuda" else len(images)
-        shape = (rows,) + images[0].shape
-        cold = shape not in self.shapes_seen
-        self.shapes_seen.add(shape)
-        on_device = isinstance(images[0], torch.Tensor)
-        if self.backend is None:
-            none = torch.zeros((0, 6), dtype=torch.float32, device=self.device) if on_device else NO_CANDIDATES
-            return [none] * len(images), cold
-        self.backend.set_measuring(measured and not cold)
-        run = self.backend.run_device_batch if on_device else self.backend.run_batch
-        found, steps = run(images, rows, self.opts)
-        if measured and not cold:
-            for step, seconds in steps.items():
-                substages[step].add(seconds * 1e3)
-        return found, cold
-
-    @property
-    def backend_name(self) -> str:
-        return self.backend.name if self.backend is not None else "none"
-
-    def log_line(self) -> str:
-        if self.backend is None:
-            return "no model (--preset none): every frame gets no detections at once"
-        return self.backend.log_line()
 
 
 class Inference(FrameStage):
@@ -127,13 +75,24 @@ class Inference(FrameStage):
         self.started = False
         process.log.info(self.detector.log_line())
 
+    def warm_input_shapes(self) -> None:
+        """On a GPU, every batch bucket of every letterboxed shape the plan's frames will have."""
+        if self.detector.device.type != "cuda" or self.detector.backend is None:
+            return
+        cfg = self.cfg
+        shapes = warm_input_shapes(planned_frame_sizes(self.args.plan.items), cfg.imgsz, LETTERBOX_STRIDE, cfg.rect,
+                                   cfg.batch_size)
+        seconds = self.detector.warm(shapes, on_device=self.device_frames is not None)
+        self.process.log.info("warmed %d input shapes in %.1f s", len(shapes), seconds)
+
     def keep_going(self, control) -> bool:
         return not control.check()  # done() ends it, once the batches waiting are run and sent
 
     def step(self) -> bool:
         if not self.started and self.onward.ready():
-            # Grant credit upstream only once every postprocess worker is up, so no frame is
-            # read (and timed) before the whole pipeline can carry it.
+            # Grant credit upstream only once every postprocess worker is up and the input
+            # shapes are warmed, so no frame is read (and timed) before the pipeline can carry it.
+            self.warm_input_shapes()
             self.frames_in.start()
             self.started = True
         self.onward.step()
@@ -351,47 +310,3 @@ def _finished_to_post(group: list[Waiting], finished: list[Finished], cold: bool
         header = dataclasses.replace(header, t=times, batch=batch, infer=worker, cold=cold, px=px)
         out.append((header.to_message(), arrays))
     return out
-
-
-def out_of_memory_words(exc: BaseException, running: str) -> str:
-    """What a device out of memory says: what was running, and what the device said it asked for."""
-    said = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
-    return f"device out of memory running {running} ({said[:200]})"
-
-
-class ModuleTimes:
-    """Folds the recorder's per-module times into compact summaries every FOLD_EVERY forwards,
-    so an inference process's memory stays flat however long the run."""
-
-    FOLD_EVERY = 64
-
-    def __init__(self, timing):
-        self.timing = timing
-        self.modules: dict[str, Samples] = {}
-        self.forward, self.residual = Samples(), Samples()
-        self._since_fold = 0
-
-    def after_forward(self) -> None:
-        self._since_fold += 1
-        if self.timing is not None and self._since_fold >= self.FOLD_EVERY:
-            self.fold()
-
-    def fold(self) -> None:
-        self._since_fold = 0
-        times, forward, residual = self.timing.recorder.take_times()
-        for name, values in times.items():
-            self.modules.setdefault(name, Samples()).extend(values)
-        self.forward.extend(forward)
-        self.residual.extend(residual)
-
-    def export(self) -> dict | None:
-        if self.timing is None:
-            return None
-        self.fold()
-        exported = self.timing.recorder.export()
-        exported["forward_ms"] = self.forward.to_dict()
-        exported["residual_ms"] = self.residual.to_dict()
-        for m in exported["modules"]:
-            m["times_ms"] = self.modules.get(m["name"], Samples()).to_dict()
-        exported["spans"] = [list(s) for s in self.timing.recorder.spans]
-        return exported

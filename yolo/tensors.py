@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from yolo.letterbox import bgr_to_rgb_chw, check_bgr
+from yolo.letterbox import bgr_to_rgb_chw, check_bgr, letterbox_layout
 
 
 def to_tensor(
@@ -63,6 +63,23 @@ def batch_bucket(frames: int, batch_size: int) -> int:
         raise ValueError(f"expected 1 <= frames <= batch_size ({batch_size}), got {frames}")
     bucket = 1 << (frames - 1).bit_length()
     return min(bucket, batch_size)
+
+
+MAX_WARM_FRAME_SHAPES = 16  # letterboxed shapes warmed before a run; a rarer one is met cold, and said so
+
+
+def warm_input_shapes(frame_hws: Sequence[tuple[int, int]], imgsz: int, stride: int, rect: bool,
+                      batch_size: int) -> list[tuple[int, int, int]]:
+    """The ``(rows, h, w)`` batches a GPU run will meet for frames of these sizes: each
+    letterboxed shape (the most common first, at most MAX_WARM_FRAME_SHAPES) at every batch
+    bucket (:func:`batch_bucket`), so their one-off set-up runs before the measured window."""
+    counts: dict[tuple[int, int], int] = {}
+    for hw in frame_hws:
+        shape = letterbox_layout(hw, imgsz, stride, rect)[0].shape
+        counts[shape] = counts.get(shape, 0) + 1
+    shapes = sorted(counts, key=lambda s: -counts[s])[:MAX_WARM_FRAME_SHAPES]
+    buckets = sorted({batch_bucket(n, batch_size) for n in range(1, batch_size + 1)})
+    return [(rows, h, w) for h, w in shapes for rows in buckets]
 
 
 class BatchInput:
