@@ -54,6 +54,10 @@ def config_line(report: dict) -> str:
     model = f"{inference['precision']}, {inference['backend']}; " if inference else ""
     if inference.get("data_path"):
         model += f"data path {inference['data_path']}; "
+    for gpu in inference.get("devices") or []:
+        busy = "n/a" if gpu["busy"] is None else f"{gpu['busy']:.0%}"
+        model += (f"{gpu['device']} busy {busy} at most, memory {gpu['memory_reserved_peak_bytes'] / 2**30:.2f} of "
+                  f"{gpu['memory_total_bytes'] / 2**30:.0f} GiB at peak; ")
     return (f"Device {cfg.get('device')} ({machine['cores']} cores); {', '.join(roles)}; batch {cfg.get('batch_size')}; "
             f"imgsz {cfg.get('imgsz')} {letterbox}; {model}{weights}.")
 

@@ -231,8 +231,10 @@ def inference_of(stages: dict, config: dict, environment: dict) -> dict:
     else what the configuration asked, for a run that stopped before they reported), and where
     the frames' pixels lived (host, or device: decoded to encoded by the inference workers)."""
     data_path = config.get("data_path") or "host"
+    devices_used = device_usage(stages["infer"]["per_worker"])
     if config.get("preset") == "none" and not config.get("weights"):
-        return {"precision": "none", "backend": "none (--preset none: no model)", "data_path": data_path}
+        return {"precision": "none", "backend": "none (--preset none: no model)", "data_path": data_path,
+                "devices": devices_used}
     devices = ",".join(config.get("devices") or [str(config.get("device") or "cpu")])
     reported = sorted({w.get("precision") for w in stages["infer"]["per_worker"]} - {None})
     if reported:
@@ -243,7 +245,29 @@ def inference_of(stages: dict, config: dict, environment: dict) -> dict:
         precision = "fp32"
     bf16 = "bf16" in reported or (not reported and precision == "bf16")
     spec = recorded_backend(config.get("backend") or DEFAULT_BACKEND)
-    return {"precision": precision, "backend": spec.label(environment, devices, autocast=bf16), "data_path": data_path}
+    return {"precision": precision, "backend": spec.label(environment, devices, autocast=bf16), "data_path": data_path,
+            "devices": devices_used}
+
+
+def device_usage(workers: list[dict]) -> list[dict]:
+    """Per GPU, from its inference workers' own figures: ``busy``, the share of the run its
+    measured batches took (launch to results on the host, summed over the workers on it: an upper
+    bound of the device's busy time), and the peak device memory of the busiest worker and of
+    them all. Empty on a CPU."""
+    by_device: dict[str, list[dict]] = {}
+    for w in workers:
+        usage = w.get("device_usage")
+        if usage:
+            by_device.setdefault(usage["device"], []).append({**usage, "wall_s": w.get("wall_s") or 0.0})
+    out = []
+    for device, used in sorted(by_device.items()):
+        wall = max(u["wall_s"] for u in used)
+        out.append({"device": device, "workers": len(used),
+                    "busy": min(1.0, sum(u["busy_s"] for u in used) / wall) if wall else None,
+                    "memory_peak_bytes": sum(u["memory_peak_bytes"] for u in used),
+                    "memory_reserved_peak_bytes": sum(u["memory_reserved_peak_bytes"] for u in used),
+                    "memory_total_bytes": used[0]["memory_total_bytes"]})
+    return out
 
 
 def link_report(links: dict) -> dict:

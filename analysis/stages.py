@@ -11,7 +11,7 @@ from analysis.stats import ratio, utilisation
 WORKER_FIELDS = ("name", "incarnation", "pid", "device", "threads", "precision", "frames", "batches", "wall_s",
                  "busy_s", "busy_cpu_s", "cpu_s", "wait_in_s", "blocked_out_s", "bytes_in", "bytes_out",
                  "messages_in", "messages_out", "link", "torch_loaded", "slots",
-                 "inline_arrays", "cold_forwards", "cold_forward_s", "backend")
+                 "inline_arrays", "cold_forwards", "cold_forward_s", "backend", "device_usage")
 
 
 def runs_in_parallel(worker: dict) -> bool:

@@ -8,9 +8,11 @@ Contenders, each a whole command, run once per round, the order rotating each ro
   bare model loop      benchmarks/model_rates.py: forward only, inputs already on the device, CUDA
                        events; batch 1, 8, 32; fp16 and fp32; cuDNN autotuning off and on
   python -m yolo       the sequential detector, fp32 and --half, annotated images saved
-  pipeline             runner.py at batch 1, 8, 32 in fp16 and fp32 with default worker counts; the
-                       design card's --workers 4; more inference processes per GPU; --module-timing
-                       none (what CUDA-event timing costs); images not saved; synthetic frames
+  pipeline             runner.py at batch 1, 8, 32 in fp16 and fp32 with default worker counts (the
+                       data path the device's default: device on CUDA); the design card's command
+                       (--workers 4, nothing else); more inference processes per GPU;
+                       --module-timing none (what CUDA-event timing costs); images not saved;
+                       synthetic frames; --data-path host and device side by side
 
 Frames: the fixture photos at several sizes (0.5x, 1x, 1.5x), looped. fps is each tool's own
 figure: the pipeline's measured window (report.json; start-up, the first forward of each shape
@@ -144,10 +146,15 @@ def contenders(s: Settings, frames: str) -> list[Contender]:
                 ("notiming", f"pipeline batch {mid} {half} --module-timing none", mid, ("--module-timing", "none")),
                 ("nosave", f"pipeline batch {top} {half} images not saved", top, ("--save-images", "none")),
                 ("synthetic", f"pipeline batch {top} {half} synthetic, not saved", top,
-                 ("--save-images", "none", "--source", "synthetic"))]
+                 ("--save-images", "none", "--source", "synthetic")),
+                ("host", f"pipeline batch {top} {half} --data-path host", top, ("--data-path", "host")),
+                ("device", f"pipeline batch {top} {half} --data-path device", top, ("--data-path", "device")),
+                ("hostb1", f"pipeline batch 1 {half} --data-path host", 1, ("--data-path", "host"))]
     for key, label, b, extra in variants:
         out.append(Contender(f"pipe_b{b}_{half}_{key}", label, "pipeline",
                              (*runner, "--batch-size", str(b), "--half", *extra), b, half))
+    out.append(Contender("card", "the design card's command: --workers 4 (batch 1, fp32)", "pipeline",
+                         (*runner, "--workers", "4"), 1, "fp32"))
     return out
 
 
@@ -194,6 +201,9 @@ def pipeline_figures(run_dir: str) -> dict:
             "bound_fps": summary["bound_fps"], "bound_kind": summary["bound_kind"],
             "bottleneck": summary["bottleneck"], "limit": summary["limit"], "hint": summary["hint"],
             "startup_s": report["environment"].get("startup_s"), "images_saved": summary["images_saved"],
+            "data_path": summary.get("data_path"),
+            "cpu_ms_outside_inference": sum(st.get("cpu_ms_per_frame") or 0 for role, st in stages.items()
+                                            if role != "infer"),
             "peak_pss_total_bytes": summary["peak_pss_total_bytes"],
             "stages": {role: {k: st.get(k) for k in ("workers", "ms_per_frame", "cpu_ms_per_frame", "utilisation",
                                                      "capacity_fps")} for role, st in stages.items()},
@@ -259,6 +269,12 @@ def ratios(cs: list[Contender], rounds: list[dict]) -> dict:
         per_round = [max((r[k]["fps"] for k in pipes if r.get(k, {}).get("ok")), default=0) / r[yolo]["fps"]
                      for r in rounds if r.get(yolo, {}).get("ok") and r[yolo]["fps"]]
         out[f"best_pipeline_{precision}/yolo_{precision}"] = median(per_round)
+    for c in cs:  # the device data path against the host path, same batch and precision
+        if c.key.endswith("_device"):
+            host = c.key.removesuffix("_device") + "_host"
+            pairs = [r[c.key]["fps"] / r[host]["fps"] for r in rounds
+                     if r.get(c.key, {}).get("ok") and r.get(host, {}).get("ok") and r[host]["fps"]]
+            out[f"{c.key}/{host}"] = median(pairs)
     timed = [c for c in cs if c.key.endswith("_notiming")]
     for c in timed:
         base = c.key.removesuffix("_notiming")

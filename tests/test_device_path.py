@@ -328,3 +328,23 @@ def test_a_warmed_shape_is_not_a_cold_forward(on_device):
     _, cold = detector.candidates([np.zeros((3, 32, 64), np.uint8)] if not on_device
                                   else [torch.zeros((3, 32, 64), dtype=torch.uint8)], substages, measured=True)
     assert cold
+
+
+def test_the_report_says_how_busy_each_gpu_was_and_its_memory():
+    """From the inference workers' own device figures (sent on CUDA only): two workers on cuda:0
+    share it, one on cuda:1; a CPU run has no device row."""
+    from analysis.report import device_usage, inference_of
+    gib = 2 ** 30
+
+    def worker(device, busy_s, peak, wall_s=10.0):
+        return {"wall_s": wall_s, "precision": "fp16", "device_usage": {
+            "device": device, "busy_s": busy_s, "memory_peak_bytes": peak, "memory_reserved_peak_bytes": 2 * peak,
+            "memory_total_bytes": 80 * gib}}
+    workers = [worker("cuda:0", 3.0, gib), worker("cuda:0", 4.0, gib), worker("cuda:1", 12.0, gib, wall_s=8.0)]
+    rows = device_usage(workers)
+    assert [(r["device"], r["workers"], r["busy"], r["memory_reserved_peak_bytes"]) for r in rows] == [
+        ("cuda:0", 2, pytest.approx(0.7), 4 * gib), ("cuda:1", 1, 1.0, 2 * gib)]
+    inference = inference_of({"infer": {"per_worker": workers}}, {"devices": ["cuda:0", "cuda:1"],
+                                                                  "data_path": "device"}, {})
+    assert inference["data_path"] == "device" and inference["devices"] == rows
+    assert device_usage([{"wall_s": 1.0, "device_usage": None}]) == []

@@ -83,6 +83,17 @@ class Detector:
             self.shapes_seen.add((rows, 3, h, w))
         return time.perf_counter() - t0
 
+    def device_usage(self, busy_s: float) -> dict | None:
+        """On a GPU: the seconds its measured batches took (launch to results on the host: what
+        the device was busy with, at most), and the device memory this process used at peak
+        (torch's allocator) out of the device's total. None on a CPU."""
+        if self.device.type != "cuda":
+            return None
+        return {"device": str(self.device), "busy_s": busy_s,
+                "memory_peak_bytes": torch.cuda.max_memory_allocated(self.device),
+                "memory_reserved_peak_bytes": torch.cuda.max_memory_reserved(self.device),
+                "memory_total_bytes": torch.cuda.get_device_properties(self.device).total_memory}
+
     @property
     def backend_name(self) -> str:
         return self.backend.name if self.backend is not None else "none"

@@ -68,6 +68,7 @@ class Inference(FrameStage):
             self.substages.update((step, Samples()) for step in DEVICE_SUBSTAGES)
         self.arrived: list[Arrived] = []  # device path: received, not yet decoded
         self.out_of_memory_said = False
+        self.device_busy_s = 0.0  # measured batches, from the batch's start to its results on the host
         self.batches = self.frames = self.cold_forwards = 0
         self.cold_forward_s = 0.0  # first forwards of an input shape: set-up time left out of ms per frame, said apart
         self.module_times = ModuleTimes(self.detector.timing)
@@ -172,6 +173,7 @@ class Inference(FrameStage):
             self.onward.put(header, arrays, release=header["release_by"] == ROLE)
         self.module_times.after_forward()
         if measured and not cold:
+            self.device_busy_s += t_end - t_start
             if finished is not None:  # each frame's share of its decode and letterbox, before the batch
                 spent = [spent[0] + sum(i.on_device.cost[0] for i in group), spent[1] + sum(i.on_device.cost[1] for i in group)]
             self.process.clock.add_frames(*spent, frames=len(group))
@@ -225,7 +227,8 @@ class Inference(FrameStage):
             bytes_in=self.frames_in.bytes_received, bytes_out=onward.bytes_out,
             messages_in=self.frames_in.frames_received, messages_out=onward.messages_out,
             substages_ms={k: v.to_dict() for k, v in self.substages.items()}, link=onward.link_label,
-            timing=self.module_times.export(), **{**onward.held(), "held": held}))
+            timing=self.module_times.export(), device_usage=self.detector.device_usage(self.device_busy_s),
+            **{**onward.held(), "held": held}))
 
 
 def run(args: StageArgs) -> None:
