@@ -19,9 +19,9 @@ MAX_BATCH_CPU = 16
 MAX_BATCH_CUDA = 64
 MAX_INFER_WORKERS_PER_GPU = 4
 
-SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size", "half", "backend")
+SWEPT = ("pre_workers", "infer_workers", "post_workers", "infer_threads", "batch_size", "half", "backend", "data_path")
 SHORT_NAMES = {"pre_workers": "pre", "infer_workers": "infer", "post_workers": "post", "infer_threads": "threads",
-               "batch_size": "batch", "half": "half", "backend": "backend"}
+               "batch_size": "batch", "half": "half", "backend": "backend", "data_path": "data path"}
 
 
 @dataclass(frozen=True, order=True)
@@ -35,6 +35,7 @@ class Settings:
     batch_size: int
     half: bool = False  # fp16 on CUDA, bf16 on a CPU that computes it natively
     backend: str = DEFAULT_BACKEND  # or another of backends.registry
+    data_path: str = "auto"  # host or device; auto: the device's default (device on CUDA)
 
     @classmethod
     def of(cls, cfg) -> Settings:
@@ -45,15 +46,17 @@ class Settings:
         return dataclasses.asdict(self)
 
     def flags(self) -> list[str]:
-        return [token for name in SWEPT if name != "half" for token in (flag_of(name), str(getattr(self, name)))] \
+        return [token for name in SWEPT if name not in ("half", "data_path")
+                for token in (flag_of(name), str(getattr(self, name)))] \
+            + ([flag_of("data_path"), self.data_path] if self.data_path != "auto" else []) \
             + ([flag_of("half")] if self.half else [])  # last: a bare switch
 
     def label(self) -> str:
         """"2/2x1/2 b1": pre / infer workers x threads / post, batch size; " openvino" on a backend
-        other than the default; " half" with --half."""
+        other than the default; " half" with --half; " device path" with --data-path device."""
         return (f"{self.pre_workers}/{self.infer_workers}x{self.infer_threads}/{self.post_workers} "
                 f"b{self.batch_size}" + ("" if self.backend == DEFAULT_BACKEND else f" {self.backend}")
-                + (" half" if self.half else ""))
+                + (" half" if self.half else "") + (" device path" if self.data_path == "device" else ""))
 
     def change_from(self, other: Settings) -> str:
         """What differs from ``other``: "batch 1->2, pre 2->1", "+half"; "" when nothing does."""
@@ -131,6 +134,17 @@ def _backends(s: Settings, machine: Machine, ready: Collection[str], why: str) -
             for spec in sweep_alternatives("cuda" if machine.on_cuda else "cpu") if spec.name in ready]
 
 
+def _other_data_path(s: Settings, machine: Machine, why: str) -> Move | None:
+    """On a GPU, the other data path (on a CPU the device path only adds work: never tried)."""
+    if not machine.on_cuda:
+        return None
+    to_device = s.data_path == "host"
+    reason = ("the GPU decodes, letterboxes, draws and encodes: far less CPU per frame" if to_device else
+              "the host's cores decode and encode: less work queued on the GPU")
+    return Move(("data_path", +1 if to_device else -1),
+                dataclasses.replace(s, data_path="device" if to_device else "host"), f"{why}: {reason}")
+
+
 def _worker_field(role: str) -> str:
     return f"{role}_workers"
 
@@ -145,6 +159,8 @@ def saturated_moves(s: Settings, m: Measurement, machine: Machine, backends: Col
         if count > machine.cores:
             moves.append(_shrink(s, _worker_field(role), f"cores saturated and {count} {_stage_name(role)} "
                                                          f"processes/threads on {machine.cores} cores"))
+    if s.data_path == "host":
+        moves.append(_other_data_path(s, machine, "cores saturated"))
     moves += _backends(s, machine, backends, "cores saturated")
     moves.append(_half(s, machine, "cores saturated"))
     moves.append(_grow(s, "batch_size", machine, "cores saturated: fewer forwards and messages per frame"))
@@ -166,10 +182,12 @@ def stage_moves(s: Settings, m: Measurement, machine: Machine, backends: Collect
     role = m.bottleneck
     why = f"{_stage_name(role)} busy {100 * _util(m, role):.0f} % with cores to spare"
     if role != "infer":
-        return [_grow(s, _worker_field(role), machine, why)]
+        return [_other_data_path(s, machine, why) if s.data_path == "host" else None,
+                _grow(s, _worker_field(role), machine, why)]
     if machine.on_cuda:
         return [_grow(s, "batch_size", machine, why + ": fuller GPU forwards"), _half(s, machine, why),
-                _grow(s, "infer_workers", machine, why)]
+                _grow(s, "infer_workers", machine, why),
+                _other_data_path(s, machine, why) if s.data_path != "host" else None]
     return [_grow(s, "infer_workers", machine, why), *_backends(s, machine, backends, why), _half(s, machine, why),
             _grow(s, "infer_threads", machine, why),
             _grow(s, "batch_size", machine, why + ": fewer forwards per frame")]

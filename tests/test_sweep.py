@@ -354,3 +354,24 @@ def test_sweep_png_marks_a_faster_looking_setting_that_was_not_chosen():
     assert rows[-1][0] == result.best and not rows[-1][2]
     assert 8 in [s.batch_size for s, _, hatched in rows if hatched]  # as are the +2 % ones under the threshold
     assert sweep_png(result).startswith(PNG_SIGNATURE)
+
+
+def test_on_a_gpu_the_sweep_tries_the_other_data_path_and_never_on_a_cpu():
+    """Host path on a GPU with the cores saturated, or pre busy: the device path first. Device
+    path with inference busy: the host path after the batch, half and worker moves."""
+    host = dataclasses.replace(DEFAULTS_2_CORES, data_path="host")
+    saturated = Measurement(fps=300.0, bottleneck="pre", limit="cores", cpu_saturation=1.0,
+                            utilisation={"pre": 0.95, "infer": 0.3, "post": 0.6})
+    first = propose(host, saturated, Machine(cores=16, gpus=1))[0]
+    assert first.settings.data_path == "device" and "far less CPU per frame" in first.reason
+    assert first.settings.flags()[-2:] == ["--data-path", "device"] and first.settings.label().endswith("device path")
+    busy_pre = Measurement(fps=300.0, bottleneck="pre", limit="stage", cpu_saturation=0.4,
+                           utilisation={"pre": 0.95, "infer": 0.3, "post": 0.2})
+    assert propose(host, busy_pre, Machine(cores=16, gpus=1))[0].settings.data_path == "device"
+    device = dataclasses.replace(DEFAULTS_2_CORES, data_path="device")
+    busy_infer = Measurement(fps=300.0, bottleneck="infer", limit="stage", cpu_saturation=0.3,
+                             utilisation={"pre": 0.2, "infer": 0.95, "post": 0.2})
+    moves = propose(device, busy_infer, Machine(cores=16, gpus=1))
+    assert moves[-1].settings.data_path == "host" and moves[0].settings.batch_size == 2
+    for machine in (Machine(cores=2), Machine(cores=2, bf16=True)):
+        assert all(m.settings.data_path == "host" for m in propose(host, saturated, machine))
