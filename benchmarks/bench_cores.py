@@ -26,7 +26,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench_gpu import FIXTURES, make_frame_set, median  # noqa: E402  (benchmarks/: this script's folder)
-from bench_pipeline import OWN_FPS_LINE, cpu_model, fmt  # noqa: E402
+from bench_pipeline import OWN_FPS_LINE, fmt  # noqa: E402
+from pipeline_print import cpu_model  # noqa: E402
 from interleave import rotated, rounds_within  # noqa: E402
 
 from yolo.precision import read_cpu_flags  # noqa: E402

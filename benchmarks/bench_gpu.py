@@ -39,7 +39,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")
 sys.path.insert(0, REPO)
 
-from bench_pipeline import OWN_FPS_LINE, cpu_model, fmt  # noqa: E402  (benchmarks/: this script's folder)
+from bench_pipeline import OWN_FPS_LINE, fmt  # noqa: E402  (benchmarks/: this script's folder)
+from pipeline_print import cpu_model  # noqa: E402
 from interleave import rotated, rounds_within  # noqa: E402
 
 SCALES = (0.5, 1.0, 1.5)
