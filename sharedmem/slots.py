@@ -111,24 +111,39 @@ class SlotRing:
     def store(self, slot: int, arrays: Sequence[np.ndarray]) -> tuple[list[dict], list[np.ndarray]]:
         """Copy ``arrays`` into ``slot`` (which the caller acquired); returns their references and
         the arrays that must travel in the message (those that did not fit), in order."""
+        refs, places = self.reserve(slot, [(array.shape, array.dtype) for array in arrays])
+        inline = []
+        for ref, place, array in zip(refs, places, arrays):
+            if "inline" in ref:
+                inline.append(array)
+            else:
+                np.copyto(place, array, casting="no")
+        return refs, inline
+
+    def reserve(self, slot: int, specs: Sequence[tuple[tuple[int, ...], np.dtype]]
+                ) -> tuple[list[dict], list[np.ndarray]]:
+        """Room in ``slot`` (which the caller acquired) for arrays of these ``(shape, dtype)``, for
+        the caller to write in place (no copy): their references, and per array its view of the
+        slot, or, for one that does not fit, a new array that travels in the message
+        (``{"inline": k}``: the k-th of those, in order)."""
         if self._lent.get(slot) is None:
             raise ValueError(f"expected a lent slot, got slot {slot} which is free")
-        refs, inline = [], []
-        offset = 0
-        for array in arrays:
-            nbytes = aligned(array.nbytes)
+        refs, places = [], []
+        offset = inlined = 0
+        for shape, dtype in specs:
+            dtype = np.dtype(dtype)
+            nbytes = aligned(math.prod(shape) * dtype.itemsize)
             if offset + nbytes > self.slot_bytes:
-                refs.append({"inline": len(inline)})
-                inline.append(array)
+                refs.append({"inline": inlined})
+                places.append(np.empty(shape, dtype))
+                inlined += 1
                 self.inline_arrays += 1
                 continue
             start = slot * self.slot_bytes + offset
-            view = np.ndarray(array.shape, array.dtype, buffer=self._map, offset=start)
-            np.copyto(view, array, casting="no")
-            refs.append({"seg": self.name, "slot": slot, "off": start, "dtype": array.dtype.str,
-                         "shape": list(array.shape)})
+            places.append(np.ndarray(shape, dtype, buffer=self._map, offset=start))
+            refs.append({"seg": self.name, "slot": slot, "off": start, "dtype": dtype.str, "shape": list(shape)})
             offset += nbytes
-        return refs, inline
+        return refs, places
 
     def release(self, slot: int, frame_id: int) -> bool:
         """Return ``slot`` if it is lent to ``frame_id``; False (nothing changes) otherwise: a

@@ -208,3 +208,21 @@ def test_bgr_to_rgb_chw():
     torch.testing.assert_close(torch.from_numpy(out).float() / 255, _reference_tensor(image))
     with pytest.raises(ValueError, match="expected"):
         bgr_to_rgb_chw(np.zeros((4, 5), np.uint8))
+
+
+@pytest.mark.parametrize("shape", [(1080, 810, 3), (720, 1280, 3), (100, 2000, 3), (640, 480, 3), (300, 200),
+                                   (90, 70, 4)])
+@pytest.mark.parametrize("rect", [True, False])
+@pytest.mark.parametrize("scaleup", [True, False])
+def test_letterbox_into_planes_equals_letterbox_then_planes(shape, rect, scaleup):
+    """The one-pass form that preprocess writes into a frame slot gives the same bytes."""
+    from yolo.letterbox import bgr_to_rgb_chw, letterbox_layout, letterbox_rgb_chw
+    image = np.random.default_rng(sum(shape)).integers(0, 256, shape, dtype=np.uint8)
+    boxed, info = letterbox(image, 320, 32, rect=rect, scaleup=scaleup)
+    out = np.full((3, *letterbox_layout(shape, 320, 32, rect, scaleup)[0].shape), 7, np.uint8)  # stale bytes
+    written, info_into = letterbox_rgb_chw(image, 320, 32, rect=rect, scaleup=scaleup, out=out)
+    assert written is out and info_into == info
+    np.testing.assert_array_equal(out, bgr_to_rgb_chw(boxed))
+    np.testing.assert_array_equal(letterbox_rgb_chw(image, 320, 32, rect=rect, scaleup=scaleup)[0], out)
+    with pytest.raises(ValueError, match="expected out of shape"):
+        letterbox_rgb_chw(image, 320, 32, rect=rect, scaleup=scaleup, out=np.empty((3, 32, 32), np.uint8))

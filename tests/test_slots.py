@@ -51,6 +51,20 @@ def test_an_array_larger_than_a_slot_goes_inline(ring, views):
     np.testing.assert_array_equal(views.array(refs[1], inline), big)
 
 
+def test_room_reserved_in_a_slot_is_written_in_place_and_read_by_reference(ring, views):
+    slot = ring.acquire(frame_id=4)
+    refs, places = ring.reserve(slot, [((3, 8, 8), np.uint8), ((100, 100), np.uint8), ((2, 6), np.float32)])
+    assert "seg" in refs[0] and refs[1] == {"inline": 0} and "seg" in refs[2]  # the big one alone does not fit
+    places[0][:] = 9
+    places[1][:] = 5
+    places[2][:] = 0.5
+    np.testing.assert_array_equal(views.array(refs[0]), np.full((3, 8, 8), 9, np.uint8))
+    np.testing.assert_array_equal(views.array(refs[1], [places[1]]), np.full((100, 100), 5, np.uint8))
+    np.testing.assert_array_equal(views.array(refs[2]), np.full((2, 6), 0.5, np.float32))
+    with pytest.raises(ValueError, match="expected a lent slot"):
+        ring.reserve(ring.acquire(frame_id=5) + 1, [((1,), np.uint8)])
+
+
 def test_slots_return_only_for_the_frame_they_were_lent_to(ring):
     slots = [ring.acquire(frame_id=i) for i in range(3)]
     assert ring.acquire(frame_id=99) is None and ring.free_slots() == 0

@@ -25,7 +25,7 @@ from wire.wiring import StageArgs
 from wire.transport import FRAME_LIMITS, DropCounter, ProtocolError, make_socket, recv_message
 from inputs.frames import Frame, FrameReadError, StreamError
 from inputs.imageio import DecodeOptions
-from yolo.letterbox import LETTERBOX_STRIDE, bgr_to_rgb_chw, letterbox
+from yolo.letterbox import LETTERBOX_STRIDE, letterbox_layout, letterbox_rgb_chw
 from inputs.feed import FeedWaiting
 from inputs.kinds import input_kind
 from inputs.reader import open_share
@@ -37,17 +37,18 @@ RETURNS_TYPES = frozenset({RELEASE})
 
 
 def prepare(frame: Frame, t_read: float, cfg, keep_original: bool, pre: str,
-            release_by: str) -> tuple[FrameHeader, list[np.ndarray]]:
+            release_by: str, out: np.ndarray | None = None) -> tuple[FrameHeader, list[np.ndarray]]:
     """Letterbox one frame read at ``t_read``: its header (geometry and timestamps) and its
-    arrays (letterboxed RGB CHW uint8, then the BGR original when the image will be drawn)."""
+    arrays (letterboxed RGB CHW uint8, written into ``out`` when given, then the BGR original
+    when the image will be drawn)."""
     t_decoded = time.perf_counter()
-    boxed, info = letterbox(frame.image, cfg.imgsz, LETTERBOX_STRIDE, rect=cfg.rect)
-    chw = bgr_to_rgb_chw(boxed)  # the model's channel order, made here where it is cheapest
+    # the model's channel order, made here where it is cheapest, written where it will be read
+    chw, info = letterbox_rgb_chw(frame.image, cfg.imgsz, LETTERBOX_STRIDE, rect=cfg.rect, out=out)
     t_done = time.perf_counter()
     ref = frame.ref
     video = None if frame.video is None else VideoPlace(ref.item, ref.index, frame.video.fps, frame.video.frames)
     header = FrameHeader(id=ref.frame_id, name=ref.name, cycle=ref.cycle, ratio=info.ratio, pad=tuple(info.pad),
-                         orig_shape=tuple(info.original_shape), lb_shape=tuple(boxed.shape[:2]),
+                         orig_shape=tuple(info.original_shape), lb_shape=tuple(info.shape),
                          full_shape=tuple(frame.original_shape), reduction=frame.reduction,
                          keep_image=keep_original, pre=pre, release_by=release_by,
                          t={"read_start": t_read, "read_end": t_decoded, "pre_end": t_done}, video=video)
@@ -98,6 +99,22 @@ class FramesOut:
         px = {"lb": refs[0], "orig": refs[1] if len(refs) > 1 else None}
         if header.lb_shape == (0, 0) and header.keep_image and header.video is not None:
             px["orig"] = refs[0]  # the device path's video frame: the pixels inference uploads are the original too
+        return dataclasses.replace(header, px=px).to_message(), inline
+
+    def prepare(self, frame: Frame, t_read: float, cfg, keep_original: bool, pre: str,
+                release_by: str) -> tuple[dict, list[np.ndarray]]:
+        """:func:`prepare` the frame straight into a slot (no letterboxed copy made first): its
+        message header and the arrays that travel in the message."""
+        if self.ring is None:
+            return self.pack(*prepare(frame, t_read, cfg, keep_original, pre, release_by))
+        lb_hw = letterbox_layout(frame.image.shape, cfg.imgsz, LETTERBOX_STRIDE, cfg.rect)[0].shape
+        specs = [((3, *lb_hw), np.uint8)] + ([(frame.image.shape, frame.image.dtype)] if keep_original else [])
+        refs, places = self.ring.reserve(self.ring.acquire(frame.ref.frame_id), specs)
+        header, _ = prepare(frame, t_read, cfg, keep_original, pre, release_by, out=places[0])
+        if keep_original:
+            np.copyto(places[1], frame.image, casting="no")
+        inline = [place for ref, place in zip(refs, places) if "inline" in ref]
+        px = {"lb": refs[0], "orig": refs[1] if keep_original else None}
         return dataclasses.replace(header, px=px).to_message(), inline
 
     def release(self, frame_id: int) -> None:
@@ -256,7 +273,7 @@ def _read_next(reader, slots: FramesOut, cfg, args: StageArgs, process: StagePro
     if cfg.data_path == "device":  # inference decodes, draws and encodes: only a kept video frame's slot outlives it
         releaser = release_by(keep and video, video=video)
         return slots.pack(*prepare_for_device(frame, t_read, keep, args.name, releaser)), False, False
-    return slots.pack(*prepare(frame, t_read, cfg, keep, args.name, release_by(keep, video=video))), False, False
+    return slots.prepare(frame, t_read, cfg, keep, args.name, release_by(keep, video=video)), False, False
 
 
 def _take_returns(returns_in: zmq.Socket, slots: FramesOut, args: StageArgs, drops: DropCounter) -> None:
