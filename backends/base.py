@@ -30,6 +30,10 @@ class Backend:
         self.precision = model.precision
         self.max_stride = model.max_stride
         self.to_batch = BatchInput(self.device, model.input_dtype, options.batch_size)
+        self.forward = model  # the model's call, or its CUDA graphs (--cuda-graphs)
+        if options.cuda_graphs:
+            from backends.cuda_graphs import GraphedForward
+            self.forward = GraphedForward(model, self.device)
 
     def run_batch(self, images: list[np.ndarray], rows: int,
                   opts: DetectOptions) -> tuple[list[np.ndarray], dict[str, float]]:
@@ -39,7 +43,7 @@ class Backend:
         with torch.inference_mode():
             x = self.to_batch(images, rows)
             t_device = time.perf_counter()
-            prediction = self.model(x)[:len(images)]
+            prediction = self.forward(x)[:len(images)]
             t_forward = time.perf_counter()
             found = candidates_for_batch(prediction, opts)  # .cpu() here waits for a GPU
         t_end = time.perf_counter()
@@ -58,7 +62,7 @@ class Backend:
             x = chw_batch_to_input(batch, self.device, self.model.input_dtype)
             sync()
             t_device = time.perf_counter()
-            prediction = self.model(x)[:len(images)]
+            prediction = self.forward(x)[:len(images)]
             sync()
             t_forward = time.perf_counter()
             found = [select_candidates(p, opts.conf_thres).float() for p in prediction]

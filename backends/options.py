@@ -21,4 +21,5 @@ class BackendOptions:
     module_timing: str = "none"  # none, layers, blocks, leaves
     timing_mode: str = "auto"
     keep_span_forwards: int = 0  # forwards whose per-module spans the trace keeps
+    cuda_graphs: bool = False  # the forward captured and replayed as a CUDA graph per input shape
     pin_threads: bool = True  # OpenVINO: pin its threads to cores (off where processes share them)

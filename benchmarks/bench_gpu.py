@@ -12,7 +12,8 @@ Contenders, each a whole command, run once per round, the order rotating each ro
                        data path the device's default: device on CUDA); the design card's command
                        (--workers 4, nothing else); more inference processes per GPU;
                        --module-timing none (what CUDA-event timing costs); images not saved;
-                       synthetic frames; --data-path host and device side by side
+                       synthetic frames; --data-path host and device side by side; --cuda-graphs
+                       at batch 1 and the top batch (CUDA only)
 
 Frames: the fixture photos at several sizes (0.5x, 1x, 1.5x), looped. fps is each tool's own
 figure: the pipeline's measured window (report.json; start-up, the first forward of each shape
@@ -122,20 +123,23 @@ def make_frame_set(images: str) -> str:
 
 
 def contenders(s: Settings, frames: str) -> list[Contender]:
-    py, half = sys.executable, "fp16" if s.device.startswith("cuda") else "bf16"
+    py, half = sys.executable, half_precision(s.device)
+    half_flag = ("--half",) if half != "fp32" else ()
     small = s.dry
     photo = os.path.join(s.images, photos_in(s.images)[0])
     loop = (py, "benchmarks/model_rates.py", "--weights", s.weights, "--images", photo,
             "--device", s.device, "--batch-sizes", ",".join(map(str, s.batch_sizes)),
-            "--precisions", f"{half},fp32", "--rounds", "2", "--forwards", "2" if small else "50")
+            "--precisions", ",".join(dict.fromkeys((half, "fp32"))), "--rounds", "2", "--forwards", "2" if small else "50")
     yolo = (py, "-m", "yolo", "--weights", s.weights, "--source", frames, "--device", s.device, "--quiet",
             "--frames", str(s.yolo_frames))
     runner = (py, "runner.py", "--weights", s.weights, "--source", frames, "--device", s.device,
               "--duration", f"{s.duration_s:g}", "--json", "--no-progress")
     out = [Contender("bare", "bare model loop (forward only)", "loop", loop),
-           Contender("yolo_fp32", "python -m yolo fp32", "yolo", yolo),
-           Contender(f"yolo_{half}", f"python -m yolo --half ({half})", "yolo", (*yolo, "--half"), precision=half)]
-    for precision in (half, "fp32"):
+           Contender("yolo_fp32", "python -m yolo fp32", "yolo", yolo)]
+    if half != "fp32":
+        out.append(Contender(f"yolo_{half}", f"python -m yolo --half ({half})", "yolo", (*yolo, "--half"),
+                             precision=half))
+    for precision in dict.fromkeys((half, "fp32")):
         flag = ("--half",) if precision != "fp32" else ()
         for b in s.batch_sizes:
             out.append(Contender(f"pipe_b{b}_{precision}", f"pipeline batch {b} {precision}", "pipeline",
@@ -151,12 +155,24 @@ def contenders(s: Settings, frames: str) -> list[Contender]:
                 ("host", f"pipeline batch {top} {half} --data-path host", top, ("--data-path", "host")),
                 ("device", f"pipeline batch {top} {half} --data-path device", top, ("--data-path", "device")),
                 ("hostb1", f"pipeline batch 1 {half} --data-path host", 1, ("--data-path", "host"))]
+    if s.device.startswith("cuda"):  # CUDA graphs exist on CUDA only (refused elsewhere)
+        variants += [("graphs", f"pipeline batch 1 {half} --cuda-graphs", 1, ("--cuda-graphs",)),
+                     ("graphs", f"pipeline batch {top} {half} --cuda-graphs", top, ("--cuda-graphs",))]
     for key, label, b, extra in variants:
         out.append(Contender(f"pipe_b{b}_{half}_{key}", label, "pipeline",
-                             (*runner, "--batch-size", str(b), "--half", *extra), b, half))
+                             (*runner, "--batch-size", str(b), *half_flag, *extra), b, half))
     out.append(Contender("card", "the design card's command: --workers 4 (batch 1, fp32)", "pipeline",
                          (*runner, "--workers", "4"), 1, "fp32"))
     return out
+
+
+def half_precision(device: str) -> str:
+    """What --half runs in: fp16 on CUDA, bf16 on a CPU that computes it natively, else nothing
+    (fp32: the --half contenders run without it, as a CPU without bf16 refuses it)."""
+    if device.startswith("cuda"):
+        return "fp16"
+    from yolo.precision import has_native_bf16, read_cpu_flags
+    return "bf16" if has_native_bf16(read_cpu_flags()) else "fp32"
 
 
 def run_once(c: Contender) -> dict:

@@ -13,7 +13,8 @@
 # limit (seconds, overridable: TESTS_S, GPU_S, CORES_S); a failed step does not stop the next.
 # TESTS=paths narrows the CUDA tests, ONLY=keys the GPU benchmark's contenders (bench_gpu.py --only;
 # by default the issue-30 set: the bare loop, python -m yolo, batch 1 and 32 on the device data path,
-# batch 32 and 1 on the host path, and the design card's command; ONLY=all runs every contender).
+# batch 32 and 1 on the host path, the design card's command, and --cuda-graphs at batch 1 and 32;
+# ONLY=all runs every contender).
 #
 # Before sending the tree to a GPU machine that has no package index (both folders are ignored):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -75,8 +76,10 @@ if wants gpu; then
   echo "== GPU benchmark"
   [ "${ONLY:-}" = all ] && ONLY=""
   if [ -z "${ONLY+set}" ]; then
-    if [ "$DEVICE" = cuda ]; then B1=1 BT=32 H=fp16; else B1=1 BT=2 H=bf16; fi
+    if [ "$DEVICE" = cuda ]; then B1=1 BT=32 H=fp16; else B1=1 BT=2 H=fp32; fi
+    grep -q -w -E 'avx512_bf16|amx_bf16' /proc/cpuinfo && [ "$DEVICE" != cuda ] && H=bf16
     ONLY="bare,yolo_$H,pipe_b${B1}_$H,pipe_b${BT}_${H}_host,pipe_b${BT}_${H}_device,pipe_b1_${H}_hostb1,card"
+    [ "$DEVICE" = cuda ] && ONLY="$ONLY,pipe_b1_${H}_graphs,pipe_b${BT}_${H}_graphs"
   fi
   timeout "${GPU_S:-360}" "$PY" benchmarks/bench_gpu.py --device "$DEVICE" --budget-s $(( ${GPU_S:-360} - 60 )) \
     --out "$OUT/gpu.json" ${ONLY:+--only "$ONLY"} "${DRY[@]}" > "$OUT/gpu.log" 2>&1 || status=1

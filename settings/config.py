@@ -88,6 +88,8 @@ class RunConfig:
     module_timing: str = setting("layers", "pipeline", "time the model per part: none; layers (each of model.0 ... "
                                  "model.24); blocks (Conv, C3, SPPF, Detect, nested); leaves (every innermost layer: "
                                  "each Conv2d, BatchNorm, SiLU)")
+    cuda_graphs: bool = setting(False, "pipeline", "replay the forward as a CUDA graph per input shape (fewer "
+                                "kernel launches: batch 1 is bound by them); per-module timing is off with it")
     timing_mode: str = setting("auto", "pipeline", "auto, cpu, cuda-sync or cuda-events")
     # Set in a config file only: forwards and frames whose spans go into trace.json (0 frames: all).
     trace_module_forwards: int = setting(20, "pipeline", flag=False)
@@ -180,7 +182,7 @@ class RunConfig:
                               threads=threads, batch_size=self.batch_size, fuse=self.fuse, inplace=self.inplace,
                               channels_last=self.channels_last, module_timing=self.module_timing,
                               timing_mode=self.timing_mode, keep_span_forwards=self.trace_module_forwards,
-                              pin_threads=False)  # several inference processes share the cores
+                              cuda_graphs=self.cuda_graphs, pin_threads=False)  # several inference processes share the cores
 
     def detect_options(self):
         """The options of yolo.detect that inference and postprocess share."""

@@ -68,6 +68,7 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     except ValueError as exc:
         raise ConfigError(f"config half: {exc}") from None
     data_path = _data_path(cfg, on_cuda)
+    module_timing = _module_timing(cfg, on_cuda)
     names = _class_names(cfg)
     _check_classes(cfg.classes, names)
     cores = machine.cores
@@ -76,7 +77,7 @@ def resolve(cfg: RunConfig) -> tuple[RunConfig, Machine, tuple[str, ...]]:
     resolved = dataclasses.replace(cfg, classes=tuple(cfg.classes), workers=workers,
                                    pre_workers=cfg.pre_workers or workers, post_workers=cfg.post_workers or workers,
                                    infer_workers=infer, infer_threads=cfg.infer_threads or 1, devices=tuple(devices),
-                                   data_path=data_path)
+                                   data_path=data_path, module_timing=module_timing)
     check_descriptors(resolved)
     check_frame_memory(resolved, resolved.pre_workers * ring_frames(resolved))
     return resolved, machine, names
@@ -95,6 +96,20 @@ def _data_path(cfg: RunConfig, on_cuda: bool) -> str:
         raise ConfigError(f"config data_path: device needs a backend that takes device tensors ({', '.join(takers)}), "
                           f"got backend {cfg.backend!r}: use --data-path host")
     return data_path
+
+
+def _module_timing(cfg: RunConfig, on_cuda: bool) -> str:
+    """--cuda-graphs needs CUDA, and turns the per-module timing off (a graph's replay runs none of
+    the Python hooks that time the modules)."""
+    if not cfg.cuda_graphs:
+        return cfg.module_timing
+    if not on_cuda:
+        raise ConfigError(f"config cuda_graphs: expected a CUDA device (a CUDA graph replays GPU kernels), got device "
+                          f"{cfg.device!r}")
+    if cfg.module_timing != "none":
+        log.info("--cuda-graphs: per-module timing is off (--module-timing %s asked for it; a graph's replay runs "
+                 "no Python hooks), the forward is timed whole", cfg.module_timing)
+    return "none"
 
 
 def _runs_a_model(cfg: RunConfig) -> bool:
