@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from settings.config import flag_of
 from topology.stages import frame_roles, kind_of, title
+from analysis.stages import device_usage
 from analysis.stats import ratio
 from analysis.windows import STABLE_WINDOWS, THROUGHPUT_WINDOW_S
 
@@ -249,6 +250,37 @@ def waits_on_a_live_source(stages: dict) -> bool:
             and pre["cpu_utilisation"] < SOURCE_WAIT_CPU_SHARE * pre["utilisation"])
 
 
+GPU_BUSY = 0.90  # a GPU busy this share of the run (at most) is the limit itself
+
+
+def gpu_note(gpus: list[dict]) -> str:
+    """What the inference workers' GPU figures say of an inference limit: the device busy, or
+    inference's host side (launches, copies, the device data path's steps) keeping it idle."""
+    known = [g for g in gpus if g.get("busy") is not None]
+    if not known:
+        return ""
+    gpu = max(known, key=lambda g: g["busy"])
+    if gpu["busy"] >= GPU_BUSY:
+        return f"{gpu['device']} is busy {100 * gpu['busy']:.0f} % of the run at most: the GPU itself limits"
+    return (f"{gpu['device']} is busy at most {100 * gpu['busy']:.0f} % of the run: inference's host side "
+            "(kernel launches, copies, the frame steps it runs) limits, not the GPU")
+
+
+def gpu_levers(role: str, limit: str, gpus: list[dict], config: dict) -> list[dict]:
+    """On a GPU: the device data path where the host's frame work limits (cores saturated, or
+    preprocess or postprocess busy), CUDA graphs where batch-1 inference keeps the GPU idle."""
+    levers = []
+    if config.get("data_path") == "host" and (limit == "cores" or role in ("pre", "post")):
+        levers.append({"flag": "--data-path device", "bound_fps_after": None,
+                       "text": "--data-path device (decode, letterbox, draw and encode on the GPU: the host's "
+                               "cores keep only reading and writing files)"})
+    idle_gpu = any(g.get("busy") is not None and g["busy"] < GPU_BUSY for g in gpus)
+    if role == "infer" and idle_gpu and config.get("batch_size", 1) == 1 and not config.get("cuda_graphs"):
+        levers.append({"flag": "--cuda-graphs", "bound_fps_after": None,
+                       "text": "--cuda-graphs (batch 1 is bound by kernel launches: one graph launch a forward)"})
+    return levers
+
+
 def too_little_to_judge(measured_frames: int, window_s: float | None, fps: float | None) -> str | None:
     """Why a measured window is too small to name levers from, with how long to run instead;
     None when it is enough."""
@@ -281,7 +313,9 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
                 "evidence": "no frame was measured (warm-up and cold forwards took them all), so the busy times "
                             "are those of start-up",
                 "hint": "run longer (--frames or --duration) to find what limits it"}
-    evidence = "; ".join(part for part in (queue_evidence(stages, role), cold_forward_note(stages)) if part)
+    gpus = device_usage(stages["infer"]["per_worker"]) if device_type == "cuda" else []
+    evidence = "; ".join(part for part in (queue_evidence(stages, role), cold_forward_note(stages),
+                                           gpu_note(gpus) if role == "infer" else "") if part)
     if live_source and role == "pre" and waits_on_a_live_source(stages):
         pre = stages["pre"]
         return {**result, "limit": "source", "levers": [],
@@ -297,7 +331,8 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
                                 sorted(shares.items(), key=lambda item: -item[1])))
         candidates = [levers.save_images(config.get("save_images", "all")), levers.smaller_imgsz(config.get("imgsz")),
                       levers.other_backend(backend_probe(device_type, machine, config)),
-                      precision_lever(device_type, machine, stages, config), batch_lever(device_type, config)]
+                      precision_lever(device_type, machine, stages, config), batch_lever(device_type, config),
+                      *(gpu_levers(role, "cores", gpus, config) if device_type == "cuda" else [])]
     elif stages[role]["utilisation"] >= STAGE_BUSY:
         limit = "stage"
         candidates = []
@@ -307,6 +342,7 @@ def diagnose(stages: dict, cpu: dict, config: dict, machine: dict, measured: boo
                            batch_lever(device_type, config) if device_type == "cuda" else None]
         if role == "post":
             candidates.append(levers.save_images(config.get("save_images", "all")))
+        candidates += gpu_levers(role, "stage", gpus, config) if device_type == "cuda" else []
         candidates.append(levers.more_workers(role))
     else:
         limit = "flow"

@@ -25,7 +25,7 @@ from analysis.plots import render_plots
 from analysis.resources import resource_report
 from analysis.run_data import RunData
 from analysis.samples import summarise_ms
-from analysis.stages import stage_report
+from analysis.stages import device_usage, stage_report
 from topology.stages import done_time, frame_roles, latency_intervals
 from analysis.stats import ratio
 from analysis.trace import process_label, trace_events
@@ -247,27 +247,6 @@ def inference_of(stages: dict, config: dict, environment: dict) -> dict:
     spec = recorded_backend(config.get("backend") or DEFAULT_BACKEND)
     return {"precision": precision, "backend": spec.label(environment, devices, autocast=bf16), "data_path": data_path,
             "devices": devices_used}
-
-
-def device_usage(workers: list[dict]) -> list[dict]:
-    """Per GPU, from its inference workers' own figures: ``busy``, the share of the run its
-    measured batches took (launch to results on the host, summed over the workers on it: an upper
-    bound of the device's busy time), and the peak device memory of the busiest worker and of
-    them all. Empty on a CPU."""
-    by_device: dict[str, list[dict]] = {}
-    for w in workers:
-        usage = w.get("device_usage")
-        if usage:
-            by_device.setdefault(usage["device"], []).append({**usage, "wall_s": w.get("wall_s") or 0.0})
-    out = []
-    for device, used in sorted(by_device.items()):
-        wall = max(u["wall_s"] for u in used)
-        out.append({"device": device, "workers": len(used),
-                    "busy": min(1.0, sum(u["busy_s"] for u in used) / wall) if wall else None,
-                    "memory_peak_bytes": sum(u["memory_peak_bytes"] for u in used),
-                    "memory_reserved_peak_bytes": sum(u["memory_reserved_peak_bytes"] for u in used),
-                    "memory_total_bytes": used[0]["memory_total_bytes"]})
-    return out
 
 
 def link_report(links: dict) -> dict:

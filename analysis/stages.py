@@ -101,3 +101,24 @@ def stage_capacity(members: list[dict], stage: dict) -> dict:
 def _sum_known(values) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
+
+
+def device_usage(workers: list[dict]) -> list[dict]:
+    """Per GPU, from its inference workers' own figures: ``busy``, the share of the run its
+    measured batches took (launch to results on the host, summed over the workers on it: an upper
+    bound of the device's busy time), and the peak device memory of the busiest worker and of
+    them all. Empty on a CPU."""
+    by_device: dict[str, list[dict]] = {}
+    for w in workers:
+        usage = w.get("device_usage")
+        if usage:
+            by_device.setdefault(usage["device"], []).append({**usage, "wall_s": w.get("wall_s") or 0.0})
+    out = []
+    for device, used in sorted(by_device.items()):
+        wall = max(u["wall_s"] for u in used)
+        out.append({"device": device, "workers": len(used),
+                    "busy": min(1.0, sum(u["busy_s"] for u in used) / wall) if wall else None,
+                    "memory_peak_bytes": sum(u["memory_peak_bytes"] for u in used),
+                    "memory_reserved_peak_bytes": sum(u["memory_reserved_peak_bytes"] for u in used),
+                    "memory_total_bytes": used[0]["memory_total_bytes"]})
+    return out

@@ -252,3 +252,41 @@ def test_cold_forwards_that_ate_inference_time_are_named_in_the_evidence():
     assert "40 first forwards of new input shapes" in neck["evidence"]
     quiet = steady_run(cores=16, workers={"pre": 16, "infer": 1, "post": 16}, busy={"infer": 0.9})
     assert "first forwards" not in build_report(quiet)["bottleneck"]["evidence"]
+
+
+def gpu_run(busy_s: float, **config):
+    """16 cores, one inference worker on cuda:0 busy 92 % of its time, the GPU busy ``busy_s`` of
+    each worker second (its measured batches, launch to results)."""
+    run = steady_run(cores=16, period_s=1 / 90, wall_ms={"pre": 20.0, "infer": 10.0, "post": 20.0},
+                     workers={"pre": 4, "infer": 1, "post": 4}, busy={"pre": 0.45, "infer": 0.92, "post": 0.45},
+                     config={"device": "cuda:0", **config}, machine={"device_type": "cuda"}, frames=500)
+    for w in run.workers:
+        if w["role"] == "infer":
+            w["device"] = "cuda:0"
+            w["device_usage"] = {"device": "cuda:0", "busy_s": busy_s * w["wall_s"], "memory_peak_bytes": 1,
+                                 "memory_reserved_peak_bytes": 2, "memory_total_bytes": 80}
+    return build_report(run)
+
+
+def test_an_inference_limit_on_a_gpu_says_whether_the_device_or_the_host_side_limits():
+    idle = gpu_run(0.3, data_path="device")
+    neck = idle["bottleneck"]
+    assert "cuda:0 is busy at most 30 % of the run: inference's host side" in neck["evidence"]
+    assert "--cuda-graphs" in [lever["flag"] for lever in neck["levers"]]
+    busy = gpu_run(0.95, data_path="device")["bottleneck"]
+    assert "cuda:0 is busy 95 % of the run at most: the GPU itself limits" in busy["evidence"]
+    assert "--cuda-graphs" not in [lever["flag"] for lever in busy["levers"]]
+    assert "--cuda-graphs" not in [lever["flag"] for lever in gpu_run(0.3, cuda_graphs=True)["bottleneck"]["levers"]]
+    assert idle["inference"]["devices"][0]["busy"] == pytest.approx(0.3)
+
+
+def test_a_host_path_limited_by_its_cores_on_a_gpu_is_offered_the_device_path():
+    run = steady_run(cores=4, period_s=1 / 60, wall_ms={"pre": 30.0, "infer": 5.0, "post": 25.0},
+                     workers={"pre": 2, "infer": 1, "post": 2}, busy={"pre": 0.95, "infer": 0.3, "post": 0.8},
+                     config={"device": "cuda:0", "data_path": "host"}, machine={"device_type": "cuda"}, frames=500)
+    flags = [lever["flag"] for lever in build_report(run)["bottleneck"]["levers"]]
+    assert "--data-path device" in flags
+    cpu_run = steady_run(cores=4, period_s=1 / 60, wall_ms={"pre": 30.0, "infer": 5.0, "post": 25.0},
+                         workers={"pre": 2, "infer": 1, "post": 2}, busy={"pre": 0.95, "infer": 0.3, "post": 0.8},
+                         config={"data_path": "host"}, frames=500)
+    assert "--data-path device" not in [lever["flag"] for lever in build_report(cpu_run)["bottleneck"]["levers"]]

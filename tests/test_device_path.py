@@ -333,7 +333,8 @@ def test_a_warmed_shape_is_not_a_cold_forward(on_device):
 def test_the_report_says_how_busy_each_gpu_was_and_its_memory():
     """From the inference workers' own device figures (sent on CUDA only): two workers on cuda:0
     share it, one on cuda:1; a CPU run has no device row."""
-    from analysis.report import device_usage, inference_of
+    from analysis.report import inference_of
+    from analysis.stages import device_usage
     gib = 2 ** 30
 
     def worker(device, busy_s, peak, wall_s=10.0):
