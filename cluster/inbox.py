@@ -40,6 +40,7 @@ class Inbox:
         self.run_dir = run_dir
         self.spill_path = os.path.join(run_dir, SPILL_NAME)
         self.videos: set[str] = set()  # whole videos written, by their name here
+        self.streamed_bytes = 0  # file bytes received from the nodes (none when they write to a store)
 
     def receive(self, received: Received, label: str, chunk: dict) -> None:
         """Write ``chunk`` (cluster.outbox.Outbox.take's) from the runner ``label``."""
@@ -54,6 +55,7 @@ class Inbox:
                 folder, name = os.path.split(os.path.join(self.run_dir, relative))
                 os.makedirs(folder, exist_ok=True)
                 partial = received.partial[relative] = os.path.join(folder, f".{name}.{label}.partial")
+            self.streamed_bytes += len(data)
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o666)
             try:
                 os.pwrite(fd, data, offset)
@@ -108,7 +110,8 @@ class Inbox:
             pass
         files = {top: sum(len([n for n in names if not n.startswith(".")])
                           for _root, _dirs, names in os.walk(os.path.join(self.run_dir, top))) for top in OUTPUT_DIRS}
-        return {"detections": len(records), "predictions": len(predictions), "files": files}
+        return {"detections": len(records), "predictions": len(predictions), "files": files,
+                "streamed_bytes": self.streamed_bytes}
 
 
 def unused_name(relative: str, written: set[str]) -> str:
