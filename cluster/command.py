@@ -30,7 +30,7 @@ from inputs.kinds import input_kind
 from inputs.object_store import is_store_url
 from inputs.sources import SYNTHETIC_SOURCE
 from supervisor.prepare import make_run_dir
-from supervisor.stored_runs import release_name
+from supervisor.stored_runs import release_unfinished
 from workers.store import run_root
 from settings.config import ConfigError, RunConfig
 
@@ -80,7 +80,7 @@ def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, na
     with contextlib.ExitStack() as stack:
         local = stack.enter_context(tempfile.TemporaryDirectory(prefix="yolo-cluster-")) if stored else ""
         if stored:
-            stack.callback(_release_unfinished, cfg.results, local)
+            stack.callback(release_unfinished, cfg.results, local)
         with joined(options.address) as ray:
             use_gpus = given.device == AUTO_DEVICE or cfg.devices[0] != "cpu"
             cluster = run_cluster(ray, config, units, options.lead_s, use_gpus,
@@ -92,13 +92,6 @@ def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, na
             report = write_run_folder(run_dir, cluster, config["name"], config, options.address,
                                       sum(u.frames for u in units), names, store_root=root)
         return report | {"run_dir": root or run_dir}
-
-
-def _release_unfinished(results: str, local: str) -> None:
-    """A run in a store that stopped before its report went up: its claim on the name goes (a
-    finished run's upload removed it already)."""
-    for name in os.listdir(local):
-        release_name(run_root(results, os.path.join(local, name)))
 
 
 def print_report(report: dict, as_json: bool) -> None:

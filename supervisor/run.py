@@ -29,7 +29,7 @@ from supervisor.console import Console, ConsoleHandler, model_words
 from supervisor.health import Health
 from analysis.machine import Machine
 from supervisor.prepare import make_run_dir, point_latest, slot_plan
-from supervisor.stored_runs import release_name, upload_run_folder
+from supervisor.stored_runs import release_name, release_unfinished, upload_run_folder
 from inputs.object_store import is_store_url
 from workers.store import run_root
 from supervisor.salvage import salvage_lists, write_runner_report
@@ -85,7 +85,12 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     if cfg.run_folder:  # a cluster node's share: its folder stays for the node's actor, the driver merges
         return _run_once(cfg, machine, names, plan, show_progress, runner_started_s, cfg.run_folder)
     with tempfile.TemporaryDirectory(prefix="yolo-run-") as local:
-        return _uploaded(cfg, _run_once(cfg, machine, names, plan, show_progress, runner_started_s, local))
+        try:
+            outcome = _run_once(cfg, machine, names, plan, show_progress, runner_started_s, local)
+        except BaseException:
+            release_unfinished(cfg.results, local)  # the name's claim goes with a run that did not start
+            raise
+        return _uploaded(cfg, outcome)
 
 
 def _run_once(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, show_progress: bool,

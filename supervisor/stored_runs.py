@@ -107,6 +107,13 @@ def release_name(root: str) -> None:
         log.warning("could not remove %s: %s", Store(root).where(RUNNING), why(exc))
 
 
+def release_unfinished(results: str, local: str) -> None:
+    """The claims of the run folders made in the private folder ``local`` go: a run that stopped
+    before its report went up (a finished run's upload removed its claim already)."""
+    for name in os.listdir(local):
+        release_name(join(results, name))
+
+
 def make_local_run_dir(results: str, name: str, exist_ok: bool, local: str, output_names,
                        claimed: bool = False) -> str:
     """The run's own folder, ``local/NAME`` (``local``: a private folder the caller removes); the

@@ -393,16 +393,3 @@ def test_a_sample_of_the_source_is_looked_at_from_each_node(tmp_path):
     (tmp_path / "0.jpg").write_bytes(b"x")
     assert unreachable(units[0].location) is None and unreachable(units[1].location) == "no such file or directory"
     assert unreachable("http://127.0.0.1:1/x.mp4") is None, "OpenCV's URLs are their reader's to judge"
-
-
-def test_a_node_whose_outputs_were_refused_makes_the_run_exit_4_naming_it():
-    from types import SimpleNamespace
-    from cluster.report import exit_code_of
-    node = SimpleNamespace(label="node-1", gone="")
-    said = "PermissionError: Access Denied writing s3://o/r/images/a.jpg"
-    refused = {"exit_code": 4, "stdout": json.dumps({"reason": said})}
-    cluster = SimpleNamespace(interrupted_by=0, nodes=[node], runs=[SimpleNamespace(node=node, result=refused)])
-    frames = {"failed": 0, "lost": 0}
-    assert exit_code_of(cluster, frames, False) == (4, f"node-1: {said}")
-    refused["exit_code"] = 0
-    assert exit_code_of(cluster, frames, False) == (0, "finished")
