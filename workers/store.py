@@ -89,6 +89,10 @@ class Store:
     def read(self, relative: str) -> bytes:
         return self.fs.cat_file(self._key(relative))
 
+    def move(self, relative: str, to: str) -> None:
+        """``root/relative`` becomes ``root/to`` (a store copies it and deletes the first)."""
+        self.fs.mv(self._key(relative), self._key(to))
+
     def exists(self, relative: str) -> bool:
         return self.fs.exists(self._key(relative))
 
