@@ -107,7 +107,8 @@ def prepare(cfg, download_dir: str, probe_backends: bool = True):
     from supervisor.prepare import check_results_dir, free_run_name, plan_source, prepare_backend, resolve
     cfg, machine, names = resolve(cfg)
     check_results_dir(cfg.results)
-    name = free_run_name(cfg.results, cfg.name, cfg.exist_ok)
+    # a cluster node's share (run_folder) writes under the name its driver chose
+    name = cfg.name if cfg.run_folder else free_run_name(cfg.results, cfg.name, cfg.exist_ok)
     if name != cfg.name:
         log.info("run folder %s exists: this run goes to %s (--exist-ok reuses it)",
                  os.path.join(cfg.results, cfg.name), os.path.join(cfg.results, name))

@@ -5,13 +5,22 @@ storage every node mounts at the same path, objects in a store such as ``s3://bu
 or URLs; each node checks it reads a sample first), fed to the nodes unit by unit; synthetic
 frames, each with its own global id and scene. A live stream is one node's: refused here (run it
 without --ray).
+
+Results: a folder on the driver (the nodes' outputs stream to it), or a store's URL: each node
+writes its outputs to ``RESULTS/NAME`` itself (after each node wrote and removed a marker object
+there, cluster/reach.py); the driver makes the merged report files in a private local folder and
+uploads them there, report.json last (supervisor/stored_runs.py), claiming the name with a
+``.running`` object while the run goes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
+import tempfile
 
 from cluster.driver import AUTO_DEVICE, run_cluster
 from cluster.ray_session import import_ray, joined, signals_noted
@@ -21,6 +30,8 @@ from inputs.kinds import input_kind
 from inputs.object_store import is_store_url
 from inputs.sources import SYNTHETIC_SOURCE
 from supervisor.prepare import make_run_dir
+from supervisor.stored_runs import release_unfinished
+from workers.store import run_root
 from settings.config import ConfigError, RunConfig
 
 log = logging.getLogger("cluster")
@@ -51,9 +62,6 @@ def check_cluster_run(cfg: RunConfig, plan) -> None:
         raise ConfigError("--ray: --duration is not supported on a cluster; give the frames as a source")
     if cfg.frames and cfg.source != SYNTHETIC_SOURCE:
         raise ConfigError("--ray: --frames (looping a source) is not supported on a cluster; list the files")
-    if is_store_url(cfg.results):
-        raise ConfigError(f"--ray: --results in a store ({cfg.results}) is not built for a cluster yet; give a folder "
-                          "(the driver's, or a path every node mounts) or run without --ray")
 
 
 def driver_config(given: RunConfig) -> RunConfig:
@@ -68,14 +76,22 @@ def run_on_cluster(options: ClusterOptions, given: RunConfig, cfg: RunConfig, na
     counts were filled in: each node fills them from its own resources."""
     units = units_of(plan, synthetic=cfg.source == SYNTHETIC_SOURCE)
     config = dataclasses.replace(given, name=cfg.name).as_dict()
-    with joined(options.address) as ray:
-        use_gpus = given.device == AUTO_DEVICE or cfg.devices[0] != "cpu"
-        cluster = run_cluster(ray, config, units, options.lead_s, use_gpus,
-                              on_placed=lambda: make_run_dir(cfg.results, cfg.name, cfg.exist_ok))
-    run_dir = cluster.inbox.run_dir
-    with signals_noted():
-        return write_run_folder(run_dir, cluster, run_dir.rstrip("/").rsplit("/", 1)[-1], config, options.address,
-                                sum(u.frames for u in units), names) | {"run_dir": run_dir}
+    stored = is_store_url(cfg.results)
+    with contextlib.ExitStack() as stack:
+        local = stack.enter_context(tempfile.TemporaryDirectory(prefix="yolo-cluster-")) if stored else ""
+        if stored:
+            stack.callback(release_unfinished, cfg.results, local)
+        with joined(options.address) as ray:
+            use_gpus = given.device == AUTO_DEVICE or cfg.devices[0] != "cpu"
+            cluster = run_cluster(ray, config, units, options.lead_s, use_gpus,
+                                  on_placed=lambda: make_run_dir(cfg.results, cfg.name, cfg.exist_ok, local))
+        run_dir = cluster.inbox.run_dir
+        root = run_root(cfg.results, run_dir) if stored else ""
+        config["name"] = os.path.basename(os.path.normpath(run_dir))
+        with signals_noted():
+            report = write_run_folder(run_dir, cluster, config["name"], config, options.address,
+                                      sum(u.frames for u in units), names, store_root=root)
+        return report | {"run_dir": root or run_dir}
 
 
 def print_report(report: dict, as_json: bool) -> None:

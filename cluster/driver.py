@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from cluster.inbox import Inbox, Received
 from cluster.node import NodeRunner
 from cluster.ray_session import Interrupted
 from cluster.reach import check_reach
-from cluster.work import Unit, WorkQueue, lead_frames, pipeline_depth, undone_parts
+from cluster.work import Unit, WorkQueue, continued_videos, lead_frames, pipeline_depth, undone_parts
 
 log = logging.getLogger("cluster")
 
@@ -285,6 +286,8 @@ class Dispatcher:
             if self.stopping:
                 self.run.cancelled += unread
             else:
+                for unit in continued_videos(run.units, unread):
+                    self.inbox.video_continued(unit.name)
                 self.requeue(node, unread, f"its runner exited with code {code} before reading them")
         if code == 1:
             run.abort_reason = f"its pipeline aborted: {_reason(run.result)}"
@@ -374,18 +377,22 @@ def _reason(result: dict) -> str:
 
 
 def run_cluster(ray, config: dict, units: list[Unit], lead_s: float, use_gpus: bool, on_placed) -> ClusterRun:
-    """Place the actors, call ``on_placed()`` for the run folder (the driver makes it then: a
-    run that never reached a node leaves none), run every unit once, its outputs written there."""
+    """Place the actors, check they reach the source (and can write in a results store), call
+    ``on_placed()`` for the run folder (the driver makes it then: a run that never reached a
+    node leaves none), run every unit once, its outputs written there (or, for a store, by the
+    nodes under ``RESULTS/<that folder's name>``)."""
     started = time.perf_counter()
     nodes = place_nodes(ray, use_gpus, config)
     if not nodes:
         raise RuntimeError("the Ray cluster has no alive node with a CPU")
-    check_reach(ray, nodes, units)
+    check_reach(ray, nodes, units, config["results"])
     connect_s = time.perf_counter() - started
     log.info("cluster: %d nodes (%s) in %.1f s", len(nodes),
              ", ".join(f"{n.label} {n.host} {n.cpus} CPU{f' {n.gpus} GPU' if n.gpus else ''}" for n in nodes),
              connect_s)
-    inbox = Inbox(on_placed())
+    inbox = Inbox.of_run(on_placed(), config["results"])
+    for node in nodes:  # the name it was given (a store's run folder is named by it on every node)
+        node.config["name"] = os.path.basename(os.path.normpath(inbox.run_dir))
     result = Dispatcher(ray, nodes, WorkQueue(units), lead_s, inbox).loop()
     result.connect_s = connect_s
     return result

@@ -10,8 +10,11 @@ to reader ``w``, in order, map its ``k``-th frame (local id ``k * readers + w``)
 id. What the node finished is read from the collector's journal as it grows. The run's outputs
 go to the driver in chunks while it runs (:meth:`NodeRunner.pull`, cluster/outbox.py): each
 chunk is kept until the next call acknowledges it, and the run's folder goes once the last
-one is taken. The input frames never leave the node. No Ray import here: the
-driver wraps this class with ``ray.remote``.
+one is taken. With ``--results`` in a store the runner writes its images, labels, crops and
+videos there itself, under the run's folder and their global names (``--results URL --name
+NAME``, its own folder kept here: the ``run_folder`` setting), so the chunks carry none: only
+the frames delivered and their detection records. The input frames never leave the node. No
+Ray import here: the driver wraps this class with ``ray.remote``.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ import time
 
 from cluster.janitor import start_detached
 from cluster.outbox import Outbox
-from cluster.reach import unreachable
+from cluster.reach import unreachable, unwritable
 from inputs import kinds  # noqa: F401 - the registry tells the feed which kinds its lines may name (a stored image)
 from inputs.feed import END, FEED_PREFIX, FeedEntry, feed_path
+from inputs.object_store import is_store_url
 from settings.config import RunConfig, config_toml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +48,7 @@ class FeedRun:
     """One runner on its feed: the ids fed to each reader, what the journal says is done."""
 
     folder: str
+    run_dir: str  # the runner's run folder (journal, detection lists, report), in ``folder``
     feeds: list
     ids: list[list[int]]
     started_unix: float
@@ -83,6 +88,10 @@ class NodeRunner:
         found = {location: unreachable(location) for location in locations}
         return {location: reason for location, reason in found.items() if reason}
 
+    async def write_check(self, results: str) -> str | None:
+        """Why this node cannot write in the store ``results`` (cluster/reach.py), or None."""
+        return unwritable(results)
+
     async def start(self, config: dict, readers: int) -> None:
         """Start a runner on an empty feed of ``readers`` files."""
         folder = os.path.join(self.work_dir, f"run-{self.runs}")
@@ -90,8 +99,9 @@ class NodeRunner:
         feed_dir = os.path.join(folder, "feed")
         os.makedirs(feed_dir)
         feeds = [open(feed_path(feed_dir, reader), "ab", buffering=0) for reader in range(readers)]
-        self.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers,
-                           outbox=Outbox(os.path.join(folder, "run")))
+        run_dir = os.path.join(folder, *run_place(config))
+        self.run = FeedRun(folder, run_dir, feeds, [[] for _ in range(readers)], time.time(),
+                           done_by_reader=[0] * readers, outbox=Outbox(run_dir))
         self.finishing = None
         try:
             await self._spawn(config, readers, folder, feed_dir)
@@ -102,8 +112,13 @@ class NodeRunner:
             raise
 
     async def _spawn(self, config: dict, readers: int, folder: str, feed_dir: str) -> None:
+        below, name = run_place(config)
+        if is_store_url(config["results"]):  # outputs to RESULTS/NAME in the store, its own folder kept here
+            place = {"results": config["results"], "run_folder": os.path.join(folder, below)}
+        else:
+            place = {"results": folder, "run_folder": ""}
         cfg = dataclasses.replace(RunConfig(**config), source=FEED_PREFIX + feed_dir, pre_workers=readers, frames=0,
-                                  duration=0.0, results=folder, name="run", exist_ok=False, json=True, progress=False)
+                                  duration=0.0, name=name, exist_ok=False, json=True, progress=False, **place)
         config_path = os.path.join(folder, "run.toml")
         with open(config_path, "w", encoding="utf-8") as f:
             f.write(config_toml(cfg, f"run {self.runs - 1} on {self.label}"))
@@ -150,7 +165,7 @@ class NodeRunner:
         self._end_feed(run)
         stdout, _ = await self.waiter
         finished = time.time()
-        files = read_files(os.path.join(run.folder, "run"))
+        files = read_files(run.run_dir)
         run.outbox.finished(json.loads(files["report.json"]) if "report.json" in files else None)
         result = {"exit_code": self.proc.returncode, "stdout": stdout.decode(errors="replace"),
                   "started_unix": run.started_unix, "finished_unix": finished, "ids": run.ids, "files": files,
@@ -201,6 +216,13 @@ class NodeRunner:
             if local not in run.done:
                 run.done.add(local)
                 run.done_by_reader[local % run.readers] += 1
+
+
+def run_place(config: dict) -> tuple[str, str]:
+    """(the folder below the runner's private folder where it makes its run folder, that folder's
+    name): ``run`` there for a run merged on the driver; ``results/NAME``, the cluster run's
+    name, when the outputs go to a store under ``RESULTS/NAME``."""
+    return ("results", config["name"]) if is_store_url(config["results"]) else ("", "run")
 
 
 def read_files(run_dir: str) -> dict[str, bytes]:

@@ -1,8 +1,11 @@
-"""Before a cluster run: can every node read the source? A few of the plan's locations (its
-first, middle and last item) are looked at from each node, through its actor, and a node that
-cannot read one is said at once, naming the node and the location (exit 2): a path that is not
-mounted there, a store its credentials or endpoint do not reach. Without this the node would
-only fail its frames one by one."""
+"""Before a cluster run: can every node read the source, and write the results where they go
+into a store? A few of the plan's locations (its first, middle and last item) are looked at from
+each node, through its actor, and a node that cannot read one is said at once, naming the node and
+the location (exit 2): a path that is not mounted there, a store its credentials or endpoint do
+not reach. With ``--results`` in a store each node also writes and removes a marker object there
+(``RESULTS/.write-check-<hex>``), as the driver does for itself: a node that cannot is named with
+the object and why (exit 2). Without this the node would only fail its frames one by one, or
+save none of its images."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import os
 from inputs.object_store import is_store_url, unreachable as store_unreachable
 from inputs.streams import is_url
 from settings.config import ConfigError
+from supervisor.stored_runs import write_refused
 
 SAMPLED_LOCATIONS = 3
 REACH_TIMEOUT_S = 60.0
@@ -41,13 +45,30 @@ def unreachable(location: str) -> str | None:
     return None
 
 
-def check_reach(ray, nodes, units) -> None:
-    """Ask every node at once; SourceUnreachable naming each node that cannot read a location."""
+def unwritable(results: str) -> str | None:
+    """Why this machine cannot write in the store ``results``, or None."""
+    try:
+        return write_refused(results)
+    except ValueError as exc:  # no fsspec, or no package for the scheme, on this node
+        return str(exc)
+
+
+def check_reach(ray, nodes, units, results: str = "") -> None:
+    """Ask every node at once; SourceUnreachable naming each node that cannot read a location,
+    or write in ``results`` when that is a store."""
     locations = sampled_locations(units)
-    if not locations:
+    stored = is_store_url(results)
+    reads = [node.actor.reach.remote(locations) for node in nodes] if locations else []
+    writes = [node.actor.write_check.remote(results) for node in nodes] if stored else []
+    if not reads and not writes:
         return
-    answers = ray.get([node.actor.reach.remote(locations) for node in nodes], timeout=REACH_TIMEOUT_S)
+    answers = ray.get(reads + writes, timeout=REACH_TIMEOUT_S)
+    read_answers, write_answers = answers[:len(reads)], answers[len(reads):]
     failed = [f"{node.label} ({node.host}, {node.address}) cannot read {location}: {reason}"
-              for node, found in zip(nodes, answers) for location, reason in found.items()]
-    if failed:
-        raise SourceUnreachable("--ray: the source must be readable from every node; " + "; ".join(failed))
+              for node, found in zip(nodes, read_answers) for location, reason in found.items()]
+    unwritten = [f"{node.label} ({node.host}, {node.address}) cannot write in {results}: {reason}"
+                 for node, reason in zip(nodes, write_answers) if reason]
+    said = (["the source must be readable from every node; " + "; ".join(failed)] if failed else []) + (
+        ["the results store must be writable from every node; " + "; ".join(unwritten)] if unwritten else [])
+    if said:
+        raise SourceUnreachable("--ray: " + "; ".join(said))

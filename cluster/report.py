@@ -17,9 +17,12 @@ from analysis.report import id_ranges, json_safe
 from analysis.samples import summarise_ms
 from analysis.stats import ratio
 from cluster.merge import merged_trace, run_report
+from cluster.outbox import OUTPUT_DIRS
 from cluster.work import undone_parts
 from supervisor import exit_codes
 from supervisor.prepare import point_latest
+from supervisor.stored_runs import upload_run_folder
+from workers.store import Store, store_errors, why
 
 LEDGER = ("in", "processed", "failed", "lost", "cancelled")
 
@@ -157,7 +160,17 @@ def exit_code_of(cluster, frames: dict, allow_failures: bool) -> tuple[int, str]
         return exit_codes.ABORTED, "; ".join(f"{n.label} {n.gone}" for n in aborted)
     if (frames["failed"] or frames["lost"]) and not allow_failures:
         return exit_codes.FRAMES_FAILED, f"{frames['failed']} frames failed, {frames['lost']} lost"
+    incomplete = [run for run in cluster.runs if run.result["exit_code"] == exit_codes.OUTPUT_INCOMPLETE]
+    if incomplete:  # a node whose disk or store refused its outputs
+        return exit_codes.OUTPUT_INCOMPLETE, "; ".join(f"{run.node.label}: {_said(run.result)}" for run in incomplete)
     return exit_codes.OK, "finished"
+
+
+def _said(result: dict) -> str:
+    try:
+        return json.loads(result["stdout"]).get("reason") or "some outputs could not be written"
+    except ValueError:
+        return "some outputs could not be written"
 
 
 def build(cluster, run_id: str, config: dict, address: str, units_total: int) -> dict:
@@ -206,10 +219,24 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stored_outputs(root: str) -> dict[str, int]:
+    """The objects below each output folder of a run folder in a store (the nodes wrote them)."""
+    store = Store(root)
+    try:
+        return {top: len(store.below(top)) for top in OUTPUT_DIRS}
+    except store_errors() as exc:
+        return {"error": why(exc)}
+
+
 def write_run_folder(run_dir: str, cluster, run_id: str, config: dict, address: str, units_total: int,
-                     class_names) -> dict:
-    """Every merged file, report.json last but one and results/latest last; returns the report."""
+                     class_names, store_root: str = "") -> dict:
+    """Every merged file, report.json last but one and results/latest last; returns the report.
+    With ``store_root`` (``RESULTS/NAME`` in a store, where the nodes wrote their outputs) the
+    files are written into the local ``run_dir`` and uploaded there, report.json last; a file
+    that could not be is exit 4, said in the returned report's summary."""
     outputs = cluster.inbox.write_lists(class_names)
+    if store_root:
+        outputs["files"] = stored_outputs(store_root)
     report = build(cluster, run_id, config, address, units_total)
     report["outputs"] = outputs
     origin = min((run.result["started_unix"] for run in cluster.runs), default=0.0)
@@ -217,5 +244,19 @@ def write_run_folder(run_dir: str, cluster, run_id: str, config: dict, address: 
                        json.dumps(merged_trace(cluster.runs, cluster.nodes, origin)).encode())
     write_bytes_atomic(os.path.join(run_dir, "report.md"), markdown(report).encode())
     write_bytes_atomic(os.path.join(run_dir, "report.json"), json.dumps(json_safe(report), indent=1).encode())
-    point_latest(run_dir)
+    if store_root:
+        _upload(run_dir, store_root, report["summary"])
+    else:
+        point_latest(run_dir)
     return report
+
+
+def _upload(run_dir: str, root: str, summary: dict) -> None:
+    failed = upload_run_folder(run_dir, root)
+    if failed:
+        name, reason = next(iter(failed.items()))
+        said = f"could not upload {len(failed)} files of the run folder to {root}, {name}: {reason}"
+        if summary["exit_code"] == exit_codes.OK:
+            summary["exit_code"], summary["reason"] = exit_codes.OUTPUT_INCOMPLETE, said
+        else:
+            summary["reason"] = f"{summary['reason']}; {said}"

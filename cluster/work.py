@@ -67,6 +67,12 @@ def undone_parts(unit: Unit, done: set[int]) -> list[Unit]:
     return parts
 
 
+def continued_videos(fed: list[Unit], unread: list[Unit]) -> list[Unit]:
+    """The videos of which a runner fed ``fed`` read a part and left the rest (in ``unread``)."""
+    starts = {unit.first_id for unit in fed}
+    return [unit for unit in unread if unit.kind == "video" and unit.first_id not in starts]
+
+
 def units_of(plan, synthetic: bool) -> list[Unit]:
     """The plan's units (a finite plan: a stream is one node's and has no place here)."""
     if synthetic:

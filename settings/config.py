@@ -101,6 +101,10 @@ class RunConfig:
                         shown="a timestamp")
     exist_ok: bool = setting(False, "output", "reuse the run folder of that name; what a run writes there (images, "
                              "labels, crops, reports) is removed first")
+    # A cluster node's share of a run whose outputs go to a store (cluster/node.py): its run folder
+    # (journal, reports) is made and kept in this local folder, not uploaded, and the name, chosen and
+    # claimed by the driver, is not checked again.
+    run_folder: str = setting("", "output", flag=False)
     save_images: str = setting("all", "output", "all, none, or N (every N-th frame)",
                                switches=(Switch("--nosave", "none", "--save-images none"),))
     save_txt: bool = setting(False, "output", "YOLO label files in labels/")

@@ -18,7 +18,7 @@ from backends.registry import backend_names, backend_spec, check_backend
 from backends.registry import prepare_backend as prepare_backend_once
 from supervisor.limits import check_descriptors, check_frame_memory
 from settings.config import ConfigError, RunConfig
-from supervisor.stored_runs import check_store, make_local_run_dir, name_taken
+from supervisor.stored_runs import check_name_free, check_store, make_local_run_dir, name_taken
 from inputs.object_store import is_store_url
 from analysis.machine import usable_cores
 from sharedmem.slots import SHM_DIR, aligned, free_bytes
@@ -186,16 +186,19 @@ def check_results_dir(results: str) -> None:
 def free_run_name(results: str, name: str, exist_ok: bool) -> str:
     """The run folder's name: ``name`` itself when it is free or ``exist_ok``, else the first free
     of ``name2``, ``name3``, ... (Ultralytics' ``exp`` -> ``exp2``); "" stays "" (a timestamp).
-    In a store, a name is taken by a finished run (its report.json)."""
+    In a store, a name is taken by a finished run (its report.json); one that a run still writes
+    (its ``.running`` marker) is refused (ConfigError) unless ``exist_ok``."""
     in_store = is_store_url(results)
     taken = (lambda n: name_taken(results, n)) if in_store else (lambda n: os.path.lexists(os.path.join(results, n)))
-    if not name or exist_ok or not taken(name):
-        return name
-    for n in range(2, MAX_NAME_SUFFIX):
-        if not taken(f"{name}{n}"):
-            return f"{name}{n}"
-    raise ConfigError(f"config name: expected a free run folder name, got {name!r} with {name}2 ... "
-                      f"{name}{MAX_NAME_SUFFIX - 1} all taken in {results!r}")
+    free = name
+    if name and not exist_ok and taken(name):
+        free = next((f"{name}{n}" for n in range(2, MAX_NAME_SUFFIX) if not taken(f"{name}{n}")), None)
+        if free is None:
+            raise ConfigError(f"config name: expected a free run folder name, got {name!r} with {name}2 ... "
+                              f"{name}{MAX_NAME_SUFFIX - 1} all taken in {results!r}")
+    if in_store:
+        check_name_free(results, free, exist_ok)
+    return free
 
 
 # A --duration run over files plans this many frames per second, looping the source: a GPU
@@ -229,13 +232,14 @@ def plan_source(cfg: RunConfig, download_dir: str = ""):
     return plan
 
 
-def make_run_dir(results: str, name: str = "", exist_ok: bool = False, local: str = "") -> str:
+def make_run_dir(results: str, name: str = "", exist_ok: bool = False, local: str = "", claimed: bool = False) -> str:
     """The run folder, made in one step (mkdir), so of two runs started together with the same
     name one gets it and the other a ConfigError; without a name, a fresh timestamp. For a
     store's URL, the run's own folder is made in ``local`` (a private folder), its name checked
-    in the store (supervisor/stored_runs.py)."""
+    and claimed in the store, or used as it is when ``claimed`` (a cluster node's share of a run;
+    supervisor/stored_runs.py)."""
     if is_store_url(results):
-        return make_local_run_dir(results, name, exist_ok, local, RUN_OUTPUT_DIRS + RUN_OUTPUT_FILES)
+        return make_local_run_dir(results, name, exist_ok, local, RUN_OUTPUT_DIRS + RUN_OUTPUT_FILES, claimed)
     if name:
         path = os.path.join(results, name)
         os.makedirs(results, exist_ok=True)

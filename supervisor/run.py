@@ -29,7 +29,7 @@ from supervisor.console import Console, ConsoleHandler, model_words
 from supervisor.health import Health
 from analysis.machine import Machine
 from supervisor.prepare import make_run_dir, point_latest, slot_plan
-from supervisor.stored_runs import upload_run_folder
+from supervisor.stored_runs import release_name, release_unfinished, upload_run_folder
 from inputs.object_store import is_store_url
 from workers.store import run_root
 from supervisor.salvage import salvage_lists, write_runner_report
@@ -82,8 +82,15 @@ def run_pipeline(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan,
     the end (supervisor/stored_runs.py); the outcome's run_dir is then its URL."""
     if not is_store_url(cfg.results):
         return _run_once(cfg, machine, names, plan, show_progress, runner_started_s, local="")
+    if cfg.run_folder:  # a cluster node's share: its folder stays for the node's actor, the driver merges
+        return _run_once(cfg, machine, names, plan, show_progress, runner_started_s, cfg.run_folder)
     with tempfile.TemporaryDirectory(prefix="yolo-run-") as local:
-        return _uploaded(cfg, _run_once(cfg, machine, names, plan, show_progress, runner_started_s, local))
+        try:
+            outcome = _run_once(cfg, machine, names, plan, show_progress, runner_started_s, local)
+        except BaseException:
+            release_unfinished(cfg.results, local)  # the name's claim goes with a run that did not start
+            raise
+        return _uploaded(cfg, outcome)
 
 
 def _run_once(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, show_progress: bool,
@@ -95,7 +102,7 @@ def _run_once(cfg: RunConfig, machine: Machine, names: tuple[str, ...], plan, sh
     removed_dirs = remove_stale_ipc_dirs()
     ipc_dir = _make_ipc_dir(cfg)  # before the run folder: a TMPDIR too long leaves no folder behind
     try:
-        run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok, local)
+        run_dir = make_run_dir(cfg.results, cfg.name, cfg.exist_ok, local, claimed=bool(cfg.run_folder))
     except ValueError as exc:  # another run took the --name between the check and now
         shutil.rmtree(ipc_dir, ignore_errors=True)
         raise UsageError(str(exc)) from None
@@ -323,9 +330,12 @@ def _point_latest(cfg: RunConfig, run_dir: str) -> None:
 def _uploaded(cfg: RunConfig, outcome: Outcome) -> Outcome:
     """The local run folder's files uploaded to the store (a failure is a write error, exit 4,
     naming the file and why); the outcome then names the run folder by its URL."""
-    if outcome.run_dir is None or not os.path.isdir(outcome.run_dir):
-        return outcome  # a run stopped before it wrote anything left no folder
+    if outcome.run_dir is None:
+        return outcome
     root = run_root(cfg.results, outcome.run_dir)
+    if not os.path.isdir(outcome.run_dir):
+        release_name(root)
+        return outcome  # a run stopped before it wrote anything left no folder
     failed = upload_run_folder(outcome.run_dir, root)
     outcome.run_dir = root
     if outcome.summary:

@@ -22,8 +22,8 @@ def fake_run(runner: NodeRunner, readers: int = 2) -> FeedRun:
     folder = os.path.join(runner.work_dir, "run-0")
     os.makedirs(os.path.join(folder, "run"))
     feeds = [open(os.path.join(folder, f"{r}.jsonl"), "ab", buffering=0) for r in range(readers)]
-    runner.run = FeedRun(folder, feeds, [[] for _ in range(readers)], time.time(), done_by_reader=[0] * readers,
-                         outbox=Outbox(os.path.join(folder, "run")))
+    runner.run = FeedRun(folder, os.path.join(folder, "run"), feeds, [[] for _ in range(readers)], time.time(),
+                         done_by_reader=[0] * readers, outbox=Outbox(os.path.join(folder, "run")))
     return runner.run
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from collector.videos import AnnotatedVideos
-from supervisor.prepare import check_results_dir, free_run_name
+from supervisor.prepare import check_results_dir, free_run_name, make_run_dir
+from supervisor.stored_runs import upload_run_folder
 from supervisor.run import Outcome, _uploaded
 from settings.config import ConfigError, RunConfig
 from tests.store_server import jpeg, s3_server
@@ -223,10 +224,20 @@ def test_a_closed_video_is_copied_to_the_store_and_its_local_file_removed(store,
             assert "copying videos/clip.mp4 to s3://no-such-bucket/runs/refused/videos/clip.mp4" in videos.error
 
 
-def test_a_cluster_run_into_a_store_is_refused_before_ray_is_joined():
-    pytest.importorskip("ray")
-    from cluster.command import check_cluster_run
-    from inputs.sources import plan_frames
-    cfg = RunConfig(results=f"s3://{BUCKET}/runs")
-    with pytest.raises(ConfigError, match=r"--ray: --results in a store \(s3://out/runs\) is not built for a cluster"):
-        check_cluster_run(cfg, plan_frames(cfg.source, 4, cfg.synthetic_count))
+def test_a_name_that_a_run_still_writes_is_refused_unless_exist_ok(store, tmp_path):
+    """A run claims its name with RESULTS/NAME/.running until its report.json is up: a second run
+    given that name meanwhile is refused (exit 2), a finished one gives NAME2 as for folders."""
+    results = f"s3://{BUCKET}/names"
+    s3().pipe_file(f"{BUCKET}/names/busy/.running", json.dumps({"host": "h1", "pid": 7, "started_unix": 0}).encode())
+    with pytest.raises(ConfigError, match=r"'s3://out/names/busy' is being written by a run on h1 \(pid 7\)"):
+        free_run_name(results, "busy", exist_ok=False)
+    assert free_run_name(results, "busy", exist_ok=True) == "busy"
+    run_dir = make_run_dir(results, "fresh", False, str(tmp_path))
+    assert keys(f"{BUCKET}/names/fresh") == [".running"], "claimed at once"
+    with pytest.raises(ConfigError, match="being written by a run on"):
+        free_run_name(results, "fresh", exist_ok=False)
+    with open(os.path.join(run_dir, "report.json"), "w") as f:
+        f.write("{}")
+    assert upload_run_folder(run_dir, f"{results}/fresh") == {}
+    assert keys(f"{BUCKET}/names/fresh") == ["report.json"], "released once the report is up"
+    assert free_run_name(results, "fresh", exist_ok=False) == "fresh2"

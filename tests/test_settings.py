@@ -17,7 +17,7 @@ from settings.config import SECTIONS, SWITCHES_OFF, RunConfig, read_toml
 from settings.declare import Switch, declared, setting
 from settings.flags import add_setting_flags
 
-CONFIG_ONLY = {"trace_module_forwards", "trace_max_frames"}  # no flag of their own: set in a config file
+CONFIG_ONLY = {"trace_module_forwards", "trace_max_frames", "run_folder"}  # no flag of their own: set in a config file
 
 
 def test_config_toml_holds_every_declared_setting_in_its_section():

@@ -81,6 +81,18 @@ class Store:
         """Copy the local file ``local`` to ``root/relative``. This and the methods below: a URL only."""
         self.fs.put_file(local, self._key(relative))
 
+    def below(self, relative: str) -> list[str]:
+        """The objects below ``root/relative``, named relative to it."""
+        key = self._key(relative)
+        return [found[len(key):].lstrip("/") for found in self.fs.find(key)]
+
+    def read(self, relative: str) -> bytes:
+        return self.fs.cat_file(self._key(relative))
+
+    def move(self, relative: str, to: str) -> None:
+        """``root/relative`` becomes ``root/to`` (a store copies it and deletes the first)."""
+        self.fs.mv(self._key(relative), self._key(to))
+
     def exists(self, relative: str) -> bool:
         return self.fs.exists(self._key(relative))
 
