@@ -12,11 +12,8 @@ import torch
 from backends.options import BackendOptions
 from yolo.detect import DetectOptions, candidates_for_batch
 from yolo.nms import select_candidates
+from yolo.devices import synchronizer
 from yolo.tensors import BatchInput, chw_batch_to_input
-
-
-def _no_sync() -> None:
-    pass
 
 
 class Backend:
@@ -55,7 +52,7 @@ class Backend:
         """:meth:`run_batch` for frames already on the device (``--data-path device``): uint8
         Tensor[3, H, W] of one shape in, per image its candidate rows Tensor[K, 6] float32 left
         on the device (NMS runs there; only the kept rows cross to the host)."""
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
+        sync = synchronizer(self.device)
         t_start = time.perf_counter()
         with torch.inference_mode():
             batch = torch.stack(list(images) + [images[-1]] * (rows - len(images)))

@@ -11,7 +11,9 @@ What a graph changes: the forward writes into the same output tensor at every re
 so a caller takes what it needs of one result (the candidates, copied or indexed out) before the
 next forward; and Python code inside the forward runs at capture only, so the per-module timing
 hooks (yolo.timing) cannot time a replay: the run's module timing is off with ``--cuda-graphs``
-(supervisor/prepare.py says so), and the forward is timed whole.
+(supervisor/prepare.py says so), and the forward is timed whole. A graph also reads the tensors
+the forward made at capture (Detect's cached grids) at their addresses, so Detect stops evicting
+its grid cache once graphs replay it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class GraphedForward:
         if device.type != "cuda":
             raise ValueError(f"expected a CUDA device for CUDA graphs, got {device}")
         self.model, self.device = model, device
+        for module in getattr(model, "modules", lambda: ())():
+            if hasattr(module, "evict_grids"):  # a graph reads Detect's cached grids at their captured addresses
+                module.evict_grids = False
         self.graphs: dict[tuple, tuple[torch.Tensor, torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None  # one memory pool for every graph (torch.cuda.graph_pool_handle)
         self.eager_calls = 0  # forwards of shapes past MAX_GRAPHS
@@ -50,6 +55,10 @@ class GraphedForward:
         return static_out
 
     def _capture(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.CUDAGraph, torch.Tensor]:
+        with torch.cuda.device(self.device):  # the capture stream on this device, whatever the current one
+            return self._capture_here(x)
+
+    def _capture_here(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.CUDAGraph, torch.Tensor]:
         static_in = x.clone()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))

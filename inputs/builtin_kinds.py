@@ -9,9 +9,9 @@ keeps open), plan a source string or a file into items (given the
 
 from __future__ import annotations
 
-from inputs.frames import Frame, FrameReadError, FrameRef, SourceItem, StreamError
 import numpy as np
 
+from inputs.frames import Frame, FrameReadError, FrameRef, SourceItem, StreamError
 from inputs.imageio import image_size, read_encoded, read_image
 from inputs.streams import LiveStream, VideoReader, is_url, probe_video, stream_name
 from inputs.synthetic import SYNTHETIC_SHAPES, synthetic_image

@@ -42,6 +42,12 @@ class TestFaults:
         if self.start_delay_s:
             time.sleep(self.start_delay_s)
 
+    def on_decode(self, names: list[str]) -> None:
+        """Frames about to be decoded in one call (the device data path's inference): die if one
+        is the named frame, as a decoder that crashes on a file would."""
+        if self.crash_on and any(self.crash_on in name for name in names):
+            os._exit(CRASH_EXIT_CODE)
+
     def on_frames(self, names: list[str]) -> None:
         """One unit of work on these frames: die if one is the named frame, burn the CPU asked for."""
         if self.crash_on and any(self.crash_on in name for name in names):

@@ -319,7 +319,8 @@ def test_a_warmed_shape_is_not_a_cold_forward(on_device):
     from analysis.samples import Samples
     args = SimpleNamespace(config=RunConfig(imgsz=64, batch_size=2, module_timing="none"), device="cpu", torch_threads=1)
     detector = Detector(args)
-    assert detector.warm([(1, 64, 64), (2, 64, 64)], on_device=on_device) > 0
+    warmed, seconds, stopped = detector.warm([(1, 64, 64), (2, 64, 64)], on_device=on_device)
+    assert (warmed, stopped) == (2, "") and seconds > 0
     image = torch.zeros((3, 64, 64), dtype=torch.uint8) if on_device else np.zeros((3, 64, 64), np.uint8)
     substages = {"to_device": Samples(), "forward": Samples(), "select": Samples()}
     found, cold = detector.candidates([image, image], substages, measured=True)
@@ -349,3 +350,44 @@ def test_the_report_says_how_busy_each_gpu_was_and_its_memory():
                                                                   "data_path": "device"}, {})
     assert inference["data_path"] == "device" and inference["devices"] == rows
     assert device_usage([{"wall_s": 1.0, "device_usage": None}]) == []
+
+
+
+def test_warming_stops_at_the_first_shape_the_device_has_no_memory_for(monkeypatch):
+    from types import SimpleNamespace
+
+    from settings.config import RunConfig
+    from workers.detector import Detector
+    detector = Detector(SimpleNamespace(config=RunConfig(imgsz=64, batch_size=4, module_timing="none"), device="cpu",
+                                        torch_threads=1))
+    run_batch = detector.backend.run_batch
+
+    def small_batches_only(images, rows, opts):
+        if rows > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return run_batch(images, rows, opts)
+    monkeypatch.setattr(detector.backend, "run_batch", small_batches_only)
+    warmed, _, stopped = detector.warm([(1, 64, 64), (2, 64, 64), (4, 64, 64), (1, 32, 64)], on_device=False)
+    assert warmed == 2 and stopped.startswith("device out of memory running a batch of 4x3x64x64 (CUDA out of memory")
+    assert (4, 3, 64, 64) not in detector.shapes_seen and (1, 3, 32, 64) not in detector.shapes_seen
+
+
+def test_finishing_frames_twice_gives_the_same_outputs_and_leaves_them_undrawn(yolov5n):
+    """What a retry after a device out of memory does: crops and drawing from the undrawn frame."""
+    from settings.config import RunConfig
+    from wire.frame_header import FrameHeader
+    from workers.device_frames import Arrived, DeviceFrames
+    cfg = RunConfig(imgsz=320, save_crop=True)
+    steps = DeviceFrames(torch.device("cpu"), cfg, list(COCO_NAMES))
+    header = FrameHeader(id=0, name="bus.jpg", cycle=0, ratio=0.0, pad=(0.0, 0.0), orig_shape=(0, 0), lb_shape=(0, 0),
+                         full_shape=(0, 0), reduction=1, keep_image=True, pre="pre-0", release_by="infer")
+    frame = steps.prepare([Arrived(0.0, header, [], _bytes("bus.jpg"))], None)[0]
+    original = frame.original.clone()
+    with torch.inference_mode():
+        prediction = yolov5n(chw_batch_to_input(frame.boxed[None], "cpu"))
+    candidates = [select_candidates(prediction[0], cfg.conf_thres).float()]
+    first, again = steps.finish([frame], candidates, None)[0], steps.finish([frame], candidates, None)[0]
+    assert torch.equal(frame.original, original)  # drawn on a copy
+    assert len(first.detections) >= 4 and np.array_equal(first.detections, again.detections)
+    assert np.array_equal(first.image, again.image) and first.crops == again.crops
+    assert len(first.crops) == len(first.detections)

@@ -29,6 +29,8 @@ class Detector:
     def __init__(self, args: StageArgs):
         cfg = args.config
         self.device = torch.device(args.device)
+        if self.device.type == "cuda":  # this process's current device: its streams, graphs and syncs are there
+            torch.cuda.set_device(self.device)
         self.backend = None
         self.precision = choose_precision(self.device, cfg.half)
         if cfg.preset != MODEL_FREE or cfg.weights:
@@ -64,24 +66,33 @@ class Detector:
                 substages[step].add(seconds * 1e3)
         return found, cold
 
-    def warm(self, shapes: list[tuple[int, int, int]], on_device: bool) -> float:
+    def warm(self, shapes: list[tuple[int, int, int]], on_device: bool) -> tuple[int, float, str]:
         """Run a forward of each ``(rows, h, w)`` batch shape, so that no measured batch pays a
-        shape's one-off set-up (cuDNN plans, allocator pools: about 250 ms each on a GPU);
-        ``on_device``: as the device data path calls the backend. Returns the seconds spent."""
+        shape's one-off set-up (cuDNN plans, allocator pools, CUDA graphs: about 250 ms each on a
+        GPU); ``on_device``: as the device data path calls the backend. Warming stops at the first
+        shape the device has no memory for (the run then meets the rest cold). Returns the shapes
+        warmed, the seconds spent, and why it stopped early ("" if it did not)."""
         if self.backend is None:
-            return 0.0
+            return 0, 0.0, ""
         t0 = time.perf_counter()
         self.backend.set_measuring(False)
+        warmed = 0
         for rows, h, w in shapes:
             if (rows, 3, h, w) in self.shapes_seen:
                 continue
-            if on_device:
-                self.backend.run_device_batch([torch.zeros((3, h, w), dtype=torch.uint8, device=self.device)], rows,
-                                              self.opts)
-            else:
-                self.backend.run_batch([np.zeros((3, h, w), np.uint8)], rows, self.opts)
+            try:
+                if on_device:
+                    self.backend.run_device_batch([torch.zeros((3, h, w), dtype=torch.uint8, device=self.device)],
+                                                  rows, self.opts)
+                else:
+                    self.backend.run_batch([np.zeros((3, h, w), np.uint8)], rows, self.opts)
+            except torch.OutOfMemoryError as exc:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                return warmed, time.perf_counter() - t0, out_of_memory_words(exc, f"a batch of {rows}x3x{h}x{w}")
             self.shapes_seen.add((rows, 3, h, w))
-        return time.perf_counter() - t0
+            warmed += 1
+        return warmed, time.perf_counter() - t0, ""
 
     def device_usage(self, busy_s: float) -> dict | None:
         """On a GPU: the seconds its measured batches took (launch to results on the host: what

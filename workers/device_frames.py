@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 import torch
 
@@ -30,6 +31,7 @@ from inputs.imageio import DecodeOptions
 from inputs.imageio_device import DeviceImage, decode_images_device
 from wire.frame_header import FrameHeader
 from yolo.detect import DetectOptions, annotated_name, final_detections
+from yolo.devices import synchronizer
 from yolo.draw_device import draw_detections_device
 from yolo.jpeg_device import crop_jpegs_device, encode_jpegs_device
 from yolo.letterbox import LETTERBOX_STRIDE
@@ -64,11 +66,11 @@ class OnDevice:
 @dataclass(frozen=True)
 class Finished:
     """What crosses to postprocess for one frame: the kept detections in its pixels, and (when
-    its image is saved) the annotated JPEG's bytes, or for another extension the drawn BGR
-    pixels, and each detection's crop as JPEG bytes (None: an empty crop)."""
+    its image is saved) the annotated image file's bytes, and each detection's crop as JPEG
+    bytes (None: an empty crop)."""
 
     detections: np.ndarray  # float32 [M, 6]
-    image: np.ndarray | None = None  # uint8 file bytes (1-D) or BGR pixels [H, W, 3]
+    image: np.ndarray | None = None  # uint8 file bytes (1-D)
     crops: tuple = ()
 
 
@@ -92,7 +94,7 @@ class DeviceFrames:
         self.decode_options = DecodeOptions("full", cfg.imgsz, cfg.max_pixels)
         self.names = names
         self.save_crop = cfg.save_crop
-        self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self.sync = synchronizer(self.device)
 
     def prepare(self, arrived: list[Arrived], substages: dict | None) -> list[OnDevice | tuple[Arrived, str]]:
         """Decode (the file bytes in one call) or upload each frame, and letterbox it; per frame
@@ -133,29 +135,28 @@ class DeviceFrames:
 
     def finish(self, frames: list[OnDevice], candidates: list[torch.Tensor], substages: dict | None
                ) -> list[Finished]:
-        """NMS on the device per frame, then for frames whose image is saved (not a video's:
-        the collector writes those) crops, drawing and one JPEG encode call; ``substages``
-        None: not measured."""
+        """NMS on the device per frame; for frames whose image is saved, crops (videos' too), and
+        for those not of a video (the collector writes those) the boxes drawn on a copy and one
+        JPEG encode call. Nothing of ``frames`` is changed, so a call that fails (the device out of
+        memory) can be made again on them. ``substages`` None: not measured."""
         t0 = time.perf_counter()
         kept = [final_detections(c, f.header.letterbox_info(), self.opts) for f, c in zip(frames, candidates)]
         rows = [k.cpu().numpy().astype(np.float32, copy=False) for k in kept]  # only the kept rows cross
         t1 = time.perf_counter()
-        drawn = [i for i, f in enumerate(frames) if f.header.keep_image and f.header.video is None]
-        crops = {}
-        for i in drawn:
-            f = frames[i]
-            if self.save_crop and f.header.cycle == 0 and len(rows[i]):
-                crops[i] = tuple(crop_jpegs_device(f.original, rows[i]))  # cut before the boxes are drawn
-            draw_detections_device(f.original, rows[i], self.names, self.draw.line_width, self.draw.hide_labels,
+        crops = {i: tuple(crop_jpegs_device(f.original, rows[i])) for i, f in enumerate(frames)
+                 if self.save_crop and f.header.keep_image and f.header.cycle == 0 and len(rows[i])}
+        drawn = {i: frames[i].original.clone() for i, f in enumerate(frames)
+                 if f.header.keep_image and f.header.video is None}
+        for i, canvas in drawn.items():
+            draw_detections_device(canvas, rows[i], self.names, self.draw.line_width, self.draw.hide_labels,
                                    self.draw.hide_conf)
         self.sync()
         t2 = time.perf_counter()
         jpegs = [i for i in drawn if _saved_as_jpeg(frames[i].header)]
-        images = dict(zip(jpegs, (np.frombuffer(b, np.uint8) for b in
-                                  encode_jpegs_device([frames[i].original for i in jpegs]))))
+        images = dict(zip(jpegs, (np.frombuffer(b, np.uint8) for b in encode_jpegs_device([drawn[i] for i in jpegs]))))
         for i in drawn:
-            if i not in images:  # a .png source keeps its extension: encoded on the host, as there
-                images[i] = download_bgr(frames[i].original)
+            if i not in images:  # another extension (a .png source) is kept: encoded on the host, as there
+                images[i] = _encoded_on_host(frames[i].header, drawn[i])
         t3 = time.perf_counter()
         if substages is not None and frames:
             substages["nms"].add((t1 - t0) * 1e3 / len(frames))
@@ -163,6 +164,45 @@ class DeviceFrames:
                 substages["draw"].add((t2 - t1) * 1e3 / len(drawn))
                 substages["encode"].add((t3 - t2) * 1e3 / len(drawn))
         return [Finished(rows[i], images.get(i), crops.get(i, ())) for i in range(len(frames))]
+
+
+def finished_to_post(group: list, finished: list[Finished], cold: bool, t_start: float, t_end: float,
+                     worker: str, batch: int) -> list[tuple[dict, list]]:
+    """The device path's frames as they go to postprocess (``group``: the inference stage's
+    waiting frames, each with its header, arrays and receive time): the kept detections, the
+    encoded image and crops in the message (a kept video frame's original stays in its slot, for
+    the collector)."""
+    out = []
+    for item, done in zip(group, finished):
+        header = item.header
+        arrays = [done.detections]
+        px = {"lb": None, "cands": None, "dets": {"inline": 0}, "image": None, "crops": None, "orig": None}
+        orig = header.px.get("orig")
+        if orig is not None and "inline" in orig:  # no slot: the original travelled in the message
+            arrays.append(item.arrays[orig["inline"]])
+            orig = {"inline": len(arrays) - 1}
+        px["orig"] = orig
+        if done.image is not None:
+            arrays.append(done.image)
+            px["image"] = {"inline": len(arrays) - 1}
+        if done.crops:  # one array for them all: a message has a few parts only
+            sizes = [0 if crop is None else len(crop) for crop in done.crops]
+            arrays.append(np.frombuffer(b"".join(crop or b"" for crop in done.crops), np.uint8))
+            px["crops"] = {"data": {"inline": len(arrays) - 1}, "sizes": sizes}
+        times = {**header.t, "infer_recv": item.t_recv, "infer_start": t_start, "infer_end": t_end}
+        header = dataclasses.replace(header, t=times, batch=batch, infer=worker, cold=cold, px=px)
+        out.append((header.to_message(), arrays))
+    return out
+
+
+def _encoded_on_host(header: FrameHeader, image: torch.Tensor) -> np.ndarray:
+    """A drawn image whose file is not a JPEG, downloaded and encoded by its extension as the host
+    path's postprocess does: only a file's bytes go in the message (pixels could pass its limit)."""
+    extension = os.path.splitext(annotated_name(header.name, header.cycle))[1].lower() or ".jpg"
+    ok, encoded = cv2.imencode(extension, download_bgr(image))
+    if not ok:
+        raise OSError(f"cannot encode image as {extension}: {header.name}")
+    return encoded.reshape(-1)
 
 
 def _saved_as_jpeg(header: FrameHeader) -> bool:

@@ -28,7 +28,7 @@ from sharedmem.slots import SlotError, SlotViews
 from wire.frame_header import FrameHeader
 from wire.wiring import StageArgs
 from workers.detector import Detector, ModuleTimes, out_of_memory_words
-from workers.device_frames import DEVICE_SUBSTAGES, Arrived, DeviceFrames, Finished, OnDevice, check_arrived
+from workers.device_frames import DEVICE_SUBSTAGES, Arrived, DeviceFrames, OnDevice, check_arrived, finished_to_post
 from workers.onward import FrameStage
 from yolo.letterbox import LETTERBOX_STRIDE
 from yolo.tensors import warm_input_shapes
@@ -83,8 +83,11 @@ class Inference(FrameStage):
         cfg = self.cfg
         shapes = warm_input_shapes(planned_frame_sizes(self.args.plan.items), cfg.imgsz, LETTERBOX_STRIDE, cfg.rect,
                                    cfg.batch_size)
-        seconds = self.detector.warm(shapes, on_device=self.device_frames is not None)
-        self.process.log.info("warmed %d input shapes in %.1f s", len(shapes), seconds)
+        warmed, seconds, stopped = self.detector.warm(shapes, on_device=self.device_frames is not None)
+        self.process.log.info("warmed %d input shapes in %.1f s", warmed, seconds)
+        if stopped:
+            self.process.log.warning("%s while warming: %d shapes left cold; a smaller --batch-size needs less",
+                                     stopped, len(shapes) - warmed)
 
     def keep_going(self, control) -> bool:
         return not control.check()  # done() ends it, once the batches waiting are run and sent
@@ -109,17 +112,32 @@ class Inference(FrameStage):
         return True
 
     def prepare_arrived(self) -> None:
-        """Device path: decode and letterbox on the device what came, into the batches' queues;
-        a frame that cannot be decoded fails with its reason."""
+        """Device path: decode and letterbox on the device what came, into the batches' queues.
+        A frame a worker died decoding (a suspect) is decoded alone, so that if it kills this
+        worker too, it alone is failed; a frame that cannot be decoded fails with its reason."""
         arrived, self.arrived = self.arrived, []
-        measured = all(a.header.id >= self.cfg.warmup for a in arrived)
-        with self.process.clock.busy():
-            self.in_hand.hold(*(a.header.id for a in arrived))
-            try:
-                prepared = self.device_frames.prepare(arrived, self.substages if measured else None)
-            except torch.OutOfMemoryError as exc:
-                prepared = [(a, out_of_memory_words(exc, f"decoding {len(arrived)} frames")) for a in arrived]
+        for group in decode_groups(arrived, self.process.control.poison):
+            self.prepare_group(group)
+
+    def prepare_group(self, group: list[Arrived]) -> None:
+        """Decode and letterbox ``group``; on a device out of memory, each half in turn, down to
+        one frame, which then fails saying so."""
+        measured = all(a.header.id >= self.cfg.warmup for a in group)
+        try:
+            with self.process.clock.busy():
+                self.in_hand.hold(*(a.header.id for a in group))
+                self.faults.on_decode([a.header.name for a in group])
+                prepared = self.device_frames.prepare(group, self.substages if measured else None)
+        except torch.OutOfMemoryError as exc:
             self.in_hand.hold()
+            self.out_of_memory(exc, f"decoding {len(group)} frames")
+            if len(group) == 1:
+                prepared = [(group[0], out_of_memory_words(exc, "decoding 1 frame"))]
+            else:
+                self.prepare_group(group[:len(group) // 2])
+                self.prepare_group(group[len(group) // 2:])
+                return
+        self.in_hand.hold()
         for frame in prepared:
             if isinstance(frame, OnDevice):
                 self.waiting[tuple(frame.boxed.shape)].append(
@@ -129,6 +147,15 @@ class Inference(FrameStage):
                 self.process.log.warning("frame %d (%s) failed: %s", a.header.id, a.header.name, reason)
                 self.onward.failed(a.header.failed(ROLE, self.args.name, reason), release=True)
 
+    def out_of_memory(self, exc: BaseException, running: str) -> None:
+        """The device's memory ran out running something: its cache emptied, said once."""
+        if self.detector.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if not self.out_of_memory_said:
+            self.out_of_memory_said = True
+            self.process.log.warning("%s: running smaller batches; a smaller --batch-size (now %d) avoids this",
+                                     out_of_memory_words(exc, running), self.cfg.batch_size)
+
     def run_batch(self, group: list[Waiting]) -> None:
         """Run ``group`` and send its frames on; on a device out of memory, each half in turn,
         down to one frame, which then fails saying so (nothing of a group is sent before it ran)."""
@@ -136,16 +163,11 @@ class Inference(FrameStage):
             self.run_and_send(group)
         except torch.OutOfMemoryError as exc:
             self.in_hand.hold()
-            if self.detector.device.type == "cuda":
-                torch.cuda.empty_cache()
-            shape = "x".join(map(str, group[0].image.shape))
-            words = out_of_memory_words(exc, f"a batch of {len(group)} frames of {shape}")
-            if not self.out_of_memory_said:
-                self.out_of_memory_said = True
-                self.process.log.warning("%s: running smaller batches; a smaller --batch-size (now %d) avoids this",
-                                         words, self.cfg.batch_size)
+            running = f"a batch of {len(group)} frames of {'x'.join(map(str, group[0].image.shape))}"
+            self.out_of_memory(exc, running)
             if len(group) == 1:
-                self.onward.failed(group[0].header.failed(ROLE, self.args.name, words), release=True)
+                self.onward.failed(group[0].header.failed(ROLE, self.args.name, out_of_memory_words(exc, running)),
+                                   release=True)
                 return
             half = len(group) // 2
             self.run_batch(group[:half])
@@ -168,14 +190,15 @@ class Inference(FrameStage):
         if finished is None:
             to_post = _to_post(group, found, cold, t_start, t_end, self.args.name, len(group))
         else:
-            to_post = _finished_to_post(group, finished, cold, t_start, t_end, self.args.name, len(group))
+            to_post = finished_to_post(group, finished, cold, t_start, t_end, self.args.name, len(group))
         for header, arrays in to_post:
             self.onward.put(header, arrays, release=header["release_by"] == ROLE)
         self.module_times.after_forward()
         if measured and not cold:
             self.device_busy_s += t_end - t_start
             if finished is not None:  # each frame's share of its decode and letterbox, before the batch
-                spent = [spent[0] + sum(i.on_device.cost[0] for i in group), spent[1] + sum(i.on_device.cost[1] for i in group)]
+                spent = [spent[0] + sum(i.on_device.cost[0] for i in group),
+                         spent[1] + sum(i.on_device.cost[1] for i in group)]
             self.process.clock.add_frames(*spent, frames=len(group))
         elif cold:
             self.cold_forwards, self.cold_forward_s = self.cold_forwards + 1, self.cold_forward_s + t_end - t_start
@@ -236,6 +259,13 @@ def run(args: StageArgs) -> None:
     run_loop(process, Inference(process))
 
 
+def decode_groups(arrived: list, suspects: dict) -> list[list]:
+    """The device path's decode calls for frames received together: each frame a worker died
+    holding (``suspects``) alone, the others in one call."""
+    together = [a for a in arrived if a.header.id not in suspects]
+    return [[a] for a in arrived if a.header.id in suspects] + ([together] if together else [])
+
+
 def _take_batch(items: list[Waiting], size: int, suspects: dict) -> tuple[list[Waiting], list[Waiting]]:
     """(the batch to run now, what waits): a frame a worker died holding once runs alone, so that
     if it kills this worker too, it alone is failed, not the frames batched with it."""
@@ -284,32 +314,5 @@ def _to_post(group: list[Waiting], found: list[np.ndarray], cold: bool, t_start:
         times = {**header.t, "infer_recv": item.t_recv, "infer_start": t_start, "infer_end": t_end}
         header = dataclasses.replace(header, t=times, batch=batch, infer=worker, cold=cold,
                                      px={**header.px, "orig": orig, "lb": None, "cands": {"inline": 0}})
-        out.append((header.to_message(), arrays))
-    return out
-
-
-def _finished_to_post(group: list[Waiting], finished: list[Finished], cold: bool, t_start: float, t_end: float,
-                      worker: str, batch: int) -> list[tuple[dict, list]]:
-    """The device path's frames as they go to postprocess: the kept detections, the encoded image
-    and crops in the message (a kept video frame's original stays in its slot, for the collector)."""
-    out = []
-    for item, done in zip(group, finished):
-        header = item.header
-        arrays = [done.detections]
-        px = {"lb": None, "cands": None, "dets": {"inline": 0}, "image": None, "crops": None, "orig": None}
-        orig = header.px.get("orig")
-        if orig is not None and "inline" in orig:  # no slot: the original travelled in the message
-            arrays.append(item.arrays[orig["inline"]])
-            orig = {"inline": len(arrays) - 1}
-        px["orig"] = orig
-        if done.image is not None:
-            arrays.append(done.image)
-            px["image"] = {"inline": len(arrays) - 1}
-        if done.crops:  # one array for them all: a message has a few parts only
-            sizes = [0 if crop is None else len(crop) for crop in done.crops]
-            arrays.append(np.frombuffer(b"".join(crop or b"" for crop in done.crops), np.uint8))
-            px["crops"] = {"data": {"inline": len(arrays) - 1}, "sizes": sizes}
-        times = {**header.t, "infer_recv": item.t_recv, "infer_start": t_start, "infer_end": t_end}
-        header = dataclasses.replace(header, t=times, batch=batch, infer=worker, cold=cold, px=px)
         out.append((header.to_message(), arrays))
     return out

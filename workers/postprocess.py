@@ -65,10 +65,7 @@ class Outputs:
         return False
 
     def save_finished(self, name: str, image: np.ndarray) -> bool:
-        """An annotated image the device data path finished: a JPEG's bytes (1-D) written as
-        they are, or drawn BGR pixels (another extension) encoded here."""
-        if image.ndim == 3:
-            return self.save_image(name, image)
+        """An annotated image the device data path drew and encoded: its file's bytes, written as they are."""
         if image.dtype != np.uint8 or image.ndim != 1:
             raise SlotError(f"expected an encoded image's uint8 bytes, got {image.dtype} {image.shape}")
         if self.error is None and self._write(f"images/{name}", image.data):
@@ -143,19 +140,20 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
     saved = False
     t_draw = t_nms
     orig = h.px.get("orig")
+    if first_pass and outputs.save_crop and len(dets):
+        if on_device and h.px.get("crops"):  # cut and encoded by inference
+            outputs.write_crops(h.name, _crop_files(h.px["crops"], views.array(h.px["crops"]["data"], arrays)),
+                                dets, names)
+        elif not on_device and orig is not None:
+            outputs.save_crops(h.name, views.array(orig, arrays), dets, names)  # a reduced decode: its pixels
     to_collector = {}
     if h.keep_image and orig is not None and h.release_by == sink_role():
         to_collector = dict(video=h.video_message(), px={"orig": orig}, pre=h.pre, cycle=h.cycle,
                             draw=dets.tolist())  # the collector draws and writes video frames in order
     elif on_device:
-        if first_pass and outputs.save_crop and h.px.get("crops"):
-            outputs.write_crops(h.name, _crop_files(h.px["crops"], views.array(h.px["crops"]["data"], arrays)),
-                                dets, names)
         if h.px.get("image") is not None:
             saved = outputs.save_finished(annotated_name(h.name, h.cycle), views.array(h.px["image"], arrays))
     else:
-        if first_pass and outputs.save_crop and orig is not None and len(dets):
-            outputs.save_crops(h.name, views.array(orig, arrays), dets, names)  # a reduced decode: its pixels
         if h.keep_image and orig is not None:
             image = np.array(views.array(orig, arrays))  # a copy: the slot stays as it was if we die
             if image.ndim != 3 or image.shape[:2] != h.orig_shape:
@@ -167,7 +165,8 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
     if measured and not h.cold:
         substages["nms"].add((t_nms - t_start) * 1e3)
         if saved:
-            substages["draw"].add((t_draw - t_nms) * 1e3)
+            if not on_device:  # the device path's inference drew it
+                substages["draw"].add((t_draw - t_nms) * 1e3)
             substages["save"].add((t_end - t_draw) * 1e3)
     return Result(id=h.id, name=h.name, t={**h.t, "post_start": t_start, "post_end": t_end}, detections=records,
                   workers={"pre": h.pre, "infer": h.infer}, batch=h.batch, image_saved=saved, cold=h.cold,

@@ -89,16 +89,19 @@ class FramesOut:
     def has_room(self) -> bool:
         return self.ring is None or self.ring.free_slots() > 0
 
-    def pack(self, header: FrameHeader, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
-        """The frame's message header, its arrays in a slot (named there) or else in the message."""
+    def pack(self, header: FrameHeader, arrays: list[np.ndarray], pixels_are_original: bool = False
+             ) -> tuple[dict, list[np.ndarray]]:
+        """The frame's message header, its arrays in a slot (named there) or else in the message;
+        ``pixels_are_original``: the one array is also the original a stage after inference reads
+        (the device path's kept video frame)."""
         if self.ring is None:
             refs, inline = [{"inline": i} for i in range(len(arrays))], arrays
         else:
             slot = self.ring.acquire(header.id)
             refs, inline = self.ring.store(slot, arrays)
         px = {"lb": refs[0], "orig": refs[1] if len(refs) > 1 else None}
-        if header.lb_shape == (0, 0) and header.keep_image and header.video is not None:
-            px["orig"] = refs[0]  # the device path's video frame: the pixels inference uploads are the original too
+        if pixels_are_original:
+            px["orig"] = refs[0]
         return dataclasses.replace(header, px=px).to_message(), inline
 
     def prepare(self, frame: Frame, t_read: float, cfg, keep_original: bool, pre: str,
@@ -272,7 +275,8 @@ def _read_next(reader, slots: FramesOut, cfg, args: StageArgs, process: StagePro
     video = frame.video is not None
     if cfg.data_path == "device":  # inference decodes, draws and encodes: only a kept video frame's slot outlives it
         releaser = release_by(keep and video, video=video)
-        return slots.pack(*prepare_for_device(frame, t_read, keep, args.name, releaser)), False, False
+        return slots.pack(*prepare_for_device(frame, t_read, keep, args.name, releaser),
+                          pixels_are_original=keep and video), False, False
     return slots.prepare(frame, t_read, cfg, keep, args.name, release_by(keep, video=video)), False, False
 
 

@@ -28,3 +28,16 @@ def resolve_device(spec: str) -> torch.device:
     if index >= torch.cuda.device_count():
         raise ValueError(f"device {spec!r} does not exist; available devices: {', '.join(available_devices())}")
     return torch.device("cuda", index)
+
+
+def synchronizer(device: torch.device):
+    """A call that waits for ``device``'s queued work (a GPU's), so a timestamp after it covers
+    that work; it does nothing on a CPU, where work is done when the call returns."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return _nothing_queued
+    return lambda: torch.cuda.synchronize(device)
+
+
+def _nothing_queued() -> None:
+    pass

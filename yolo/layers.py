@@ -162,6 +162,7 @@ class Detect(nn.Module):
         self.register_buffer("stride", torch.ones(self.nl), persistent=False)
         self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)
         self._grid_cache: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], list[float]]] = {}
+        self.evict_grids = True  # False while CUDA graphs replay forwards that read these grids' memory
 
     def forward(self, xs: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
         maps = []
@@ -180,7 +181,7 @@ class Detect(nn.Module):
     def _grids(self, maps: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
         key = tuple(m.shape[-2:] for m in maps) + (maps[0].device, maps[0].dtype)
         if key not in self._grid_cache:
-            if len(self._grid_cache) > 32:  # many rect shapes: keep memory bounded
+            if len(self._grid_cache) > 32 and self.evict_grids:  # many rect shapes: keep memory bounded
                 self._grid_cache.clear()
             self._grid_cache[key] = self._make_grids(maps)
         return self._grid_cache[key]
