@@ -30,8 +30,10 @@ PROGRESS_INTERVAL_S = 0.25  # at most this often, and only when a count changed
 RESOURCE_INTERVAL_S = 1.0
 IDLE_WAKE_S = 1.0  # with nothing due, the loop still looks this often (is the runner alive?)
 DRAIN_AFTER_STOP_S = 3.0  # after a stop, wait this long for the workers' last summaries
-DRAIN_GAP_S = 0.05  # after taking what was queued, the collector waits this long before looking again
+DRAIN_GAP_S = 0.05  # after a drain that took few frames (a light load), the collector waits this long before looking again
 VIDEO_DRAIN_GAP_S = 0.01  # the same while it writes annotated videos: each frame it holds keeps a slot lent
+DRAIN_GAP_FRAMES = BATCH_LINES  # a drain that took this many frames or more is followed by no wait: under a heavy
+# load the queue is taken as it comes, so a collector killed leaves few frames unwritten (postprocess resends its last ones)
 WRITE_EVERY_FRAMES = BATCH_LINES  # new frames' records are written at least this often (the journal's batch)
 WRITE_EVERY_S = 0.1  # and at least this often
 COLLECTOR_TYPES = frozenset({RESULTS, RESULT, FAILED, STATS})
@@ -254,8 +256,9 @@ class Collector(Stage):
 
     def receive(self, socket) -> None:
         with self.process.clock.busy():
-            _drain_results(socket, self.collected, self.args, self.process.drops)
-        time.sleep(self.drain_gap_s)  # what arrives meanwhile is taken in one drain: fewer wake-ups, not more waiting
+            taken = _drain_results(socket, self.collected, self.args, self.process.drops)
+        if taken < DRAIN_GAP_FRAMES:
+            time.sleep(self.drain_gap_s)  # what arrives meanwhile is taken in one drain: fewer wake-ups
 
     def finish(self) -> None:
         process, collected, log, args = self.process, self.collected, self.log, self.args
@@ -286,10 +289,12 @@ def run(args: StageArgs) -> None:
     run_loop(process, Collector(process))
 
 
-def _drain_results(results_in, collected: Collected, args: StageArgs, drops: DropCounter) -> None:
-    """Everything queued, before the next progress report. A whole message is there when the
-    socket says POLLIN (ZeroMQ delivers all its parts or none), so no receive ends in zmq.Again:
-    raising it cost more than taking a one-frame message."""
+def _drain_results(results_in, collected: Collected, args: StageArgs, drops: DropCounter) -> int:
+    """Everything queued, before the next progress report; returns the frames it held (results
+    and failures). A whole message is there when the socket says POLLIN (ZeroMQ delivers all
+    its parts or none), so no receive ends in zmq.Again: raising it cost more than taking a
+    one-frame message."""
+    frames = 0
     while results_in.get(zmq.EVENTS) & zmq.POLLIN:
         try:
             msg = recv_message(results_in, token=args.wire.token, limits=REPORT_LIMITS)
@@ -299,10 +304,12 @@ def _drain_results(results_in, collected: Collected, args: StageArgs, drops: Dro
             continue
         collected.bytes_in += msg.nbytes
         collected.messages_in += 1
+        frames += len(header["items"]) if header["type"] == RESULTS else 1
         try:
             collected.take(header, msg.arrays)
         except SlotError as exc:
             drops.note(ProtocolError("slot", str(exc)), "results")
+    return frames
 
 
 def _send_progress(progress_out, ledger: Ledger, args: StageArgs) -> tuple[int, int]:
