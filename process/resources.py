@@ -77,8 +77,8 @@ class ResourceSampler:
 
     PSS_EVERY = 4
     PSS_BUDGET = 0.002  # of one core: what the collector spends on PSS reads at most (2 CPU-ms a second)
-    LIST_EVERY = 4
-    FIRST_PSS_READS = 2  # read on a process's first samples too: a short-lived worker still gets a PSS
+    LIST_EVERY = 2
+    FIRST_PSS_READS = 1  # read on a process's first sample too (a short-lived worker sends its own at exit)
 
     def __init__(self, runner_pid: int):
         self.runner_pid = runner_pid
