@@ -37,6 +37,7 @@ DRAIN_GAP_FRAMES = BATCH_LINES  # a drain that took this many frames or more is 
 WRITE_EVERY_FRAMES = BATCH_LINES  # new frames' records are written at least this often (the journal's batch)
 WRITE_EVERY_S = 0.1  # and at least this often
 COLLECTOR_TYPES = frozenset({RESULTS, RESULT, FAILED, STATS})
+POLLIN = int(zmq.POLLIN)  # a plain int: `&` on pyzmq's flag enum costs more than the socket option read
 DONE_FIELDS = SCHEMAS[DONE]
 
 
@@ -295,7 +296,7 @@ def _drain_results(results_in, collected: Collected, args: StageArgs, drops: Dro
     its parts or none), so no receive ends in zmq.Again: raising it cost more than taking a
     one-frame message."""
     frames = 0
-    while results_in.get(zmq.EVENTS) & zmq.POLLIN:
+    while results_in.get(zmq.EVENTS) & POLLIN:
         try:
             msg = recv_message(results_in, token=args.wire.token, limits=REPORT_LIMITS)
             header = validate(msg.header, COLLECTOR_TYPES)

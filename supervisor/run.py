@@ -220,10 +220,15 @@ def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console)
     watch.clock.take_gaps()  # starting the processes (the fork server importing torch) is no pause
     poller = zmq.Poller()
     poller.register(progress_in, zmq.POLLIN)
+    wakeup_fd = watch.interrupts.wakeup_fd
+    if wakeup_fd is not None:
+        poller.register(wakeup_fd, zmq.POLLIN)  # a signal wakes the watch at once
     next_look_s = 0.0
     while watch.phase != "done":
         wait_s = next_look_s - time.perf_counter()
         events = dict(poller.poll(max(0, int(1e3 * wait_s) + 1))) if wait_s > 0 else {}
+        if wakeup_fd is not None and wakeup_fd in events:
+            watch.interrupts.take_wakeups()
         if progress_in in events:
             _read_all(progress_in, token, {PROGRESS, FINISHED}, drops, "progress", lambda h: _on_progress(watch, h))
         now = time.perf_counter()
