@@ -103,7 +103,9 @@ def pipeline(args) -> dict:
     print(f"  {'':22s}" + "".join(f"{role:>10s}" for role in (*ROLES, "total")) + "       fps")
     for key, s in summary.items():
         print(f"  {key:22s}" + "".join(f"{s['cpu_ms'][role]:10.3f}" for role in (*ROLES, "total"))
-              + f"{s['fps']:10.1f}  collector+runner {s['cpu_ms']['collector'] + s['cpu_ms']['runner']:.3f}")
+              + f"{s['fps']:10.1f}  collector+runner {s['cpu_ms']['collector'] + s['cpu_ms']['runner']:.3f}"
+              + f" (CPU-ms a second: collector {s['cpu_ms']['collector'] * s['fps']:.1f},"
+              + f" runner {s['cpu_ms']['runner'] * s['fps']:.1f})")
     return {"pipeline": summary, "runs": {f"{repo.name}/{save}": rs for (repo, save), rs in runs.items()}}
 
 
