@@ -27,7 +27,7 @@ from workers.store import run_root
 from wire.wiring import StageArgs
 
 PROGRESS_INTERVAL_S = 0.25  # at most this often, and only when a count changed
-RESOURCE_INTERVAL_S = 1.0
+RESOURCE_INTERVAL_S = 0.5  # the report interpolates each process's CPU between samples: coarser ones smear start-up into the window
 IDLE_WAKE_S = 1.0  # with nothing due, the loop still looks this often (is the runner alive?)
 DRAIN_AFTER_STOP_S = 3.0  # after a stop, wait this long for the workers' last summaries
 DRAIN_GAP_S = 0.05  # after a drain that took few frames (a light load), the collector waits this long before looking again

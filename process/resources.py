@@ -94,7 +94,7 @@ class ResourceSampler:
 
     PSS_EVERY = 4
     PSS_BUDGET = 0.002  # of one core: what the collector spends on PSS reads at most (2 CPU-ms a second)
-    LIST_EVERY = 2
+    LIST_EVERY = 4
     FIRST_PSS_READS = 1  # read on a process's first sample too (a short-lived worker sends its own at exit)
 
     def __init__(self, runner_pid: int):
