@@ -35,7 +35,7 @@ VIDEO_DRAIN_GAP_S = 0.01  # the same while it writes annotated videos: each fram
 DRAIN_GAP_FRAMES = BATCH_LINES  # a drain that took this many frames or more is followed by no wait: under a heavy
 # load the queue is taken as it comes, so a collector killed leaves few frames unwritten (postprocess resends its last ones)
 WRITE_EVERY_FRAMES = BATCH_LINES  # new frames' records are written at least this often (the journal's batch)
-WRITE_EVERY_S = 0.1  # and at least this often
+WRITE_EVERY_S = 0.25  # and at least this often (with the progress report: one wake-up for both)
 COLLECTOR_TYPES = frozenset({RESULTS, RESULT, FAILED, STATS})
 POLLIN = int(zmq.POLLIN)  # a plain int: `&` on pyzmq's flag enum costs more than the socket option read
 DONE_FIELDS = SCHEMAS[DONE]
