@@ -67,7 +67,9 @@ def proc_stat(pid: int) -> tuple[float, int] | None:
         with open(f"/proc/{pid}/stat", "rb") as stat_file:
             stat = stat_file.read()
         fields = stat[stat.rfind(b")") + 2:].split()  # after the command, which may hold spaces
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, int(fields[21]) * _PAGE_BYTES
+        # psutil's sum exactly (user / ticks + system / ticks): the report takes any drop of a
+        # process's CPU, even a rounding of 1e-16, for a restart and adds the CPU before it again
+        return int(fields[11]) / _CLOCK_TICKS + int(fields[12]) / _CLOCK_TICKS, int(fields[21]) * _PAGE_BYTES
     except (OSError, ValueError, IndexError):
         return None
 
