@@ -65,13 +65,17 @@ def proc_stat(pid: int) -> tuple[float, int] | None:
     None when it is gone or the file is not there. Resident bytes read 0 for a process exiting."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            stat = stat_file.read()
-        fields = stat[stat.rfind(b")") + 2:].split()  # after the command, which may hold spaces
-        # psutil's sum exactly (user / ticks + system / ticks): the report takes any drop of a
-        # process's CPU, even a rounding of 1e-16, for a restart and adds the CPU before it again
-        return int(fields[11]) / _CLOCK_TICKS + int(fields[12]) / _CLOCK_TICKS, int(fields[21]) * _PAGE_BYTES
+            return parse_stat(stat_file.read())
     except (OSError, ValueError, IndexError):
         return None
+
+
+def parse_stat(stat: bytes) -> tuple[float, int]:
+    """(CPU seconds, resident bytes) from the text of /proc/<pid>/stat."""
+    fields = stat[stat.rfind(b")") + 2:].split()  # after the command, which may hold spaces
+    # psutil's sum exactly (user / ticks + system / ticks): the report takes any drop of a
+    # process's CPU, even a rounding of 1e-16, for a restart and adds the CPU before it again
+    return int(fields[11]) / _CLOCK_TICKS + int(fields[12]) / _CLOCK_TICKS, int(fields[21]) * _PAGE_BYTES
 
 
 def machine_busy_s() -> float:

@@ -179,11 +179,20 @@ def test_proc_stat_reads_what_psutil_reads():
     cpu_s, rss = resources.proc_stat(os.getpid())
     times, memory = me.cpu_times(), me.memory_info()
     assert abs(cpu_s - (times.user + times.system)) < 0.05
-    for _ in range(20):  # the same sum as psutil's, to the last bit: a drop would read as a restart
-        fast, times = resources.proc_stat(os.getpid())[0], me.cpu_times()
-        assert fast == times.user + times.system or fast != pytest.approx(times.user + times.system, abs=0.02)
     assert abs(rss - memory.rss) < 16 * MIB
     assert resources.proc_stat(2**22 + 1) is None, "no such process"
+
+
+def test_proc_stat_sums_cpu_as_psutil_does_to_the_last_bit():
+    """A sample read by psutil and the next by proc_stat must not differ by a rounding: the
+    report takes any drop of a process's CPU for a restart. 29 + 24 ticks: (29 + 24) / 100 is
+    0.53, 29 / 100 + 24 / 100 is 0.5299999999999999 (psutil's user + system)."""
+    ticks = resources._CLOCK_TICKS
+    for utime, stime in ((29, 24), (159, 25), (0, 0), (123456, 7890)):
+        stat = (f"42 (yolo-pipeline post-0) S 1 42 42 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 4 0 "
+                f"1000 123456789 2500 18446744073709551615").encode()
+        cpu_s, rss = resources.parse_stat(stat)
+        assert cpu_s == utime / ticks + stime / ticks and rss == 2500 * resources._PAGE_BYTES
 
 
 def test_a_sample_after_the_first_reads_cpu_and_rss_of_a_titled_process():
