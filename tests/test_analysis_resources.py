@@ -185,10 +185,10 @@ def test_proc_stat_reads_what_psutil_reads():
 
 def test_proc_stat_sums_cpu_as_psutil_does_to_the_last_bit():
     """A sample read by psutil and the next by proc_stat must not differ by a rounding: the
-    report takes any drop of a process's CPU for a restart. 29 + 24 ticks: (29 + 24) / 100 is
-    0.53, 29 / 100 + 24 / 100 is 0.5299999999999999 (psutil's user + system)."""
+    report takes any drop of a process's CPU for a restart. 1 + 5 ticks: (1 + 5) / 100 is 0.06,
+    1 / 100 + 5 / 100 (psutil's user + system) is 0.060000000000000005."""
     ticks = resources._CLOCK_TICKS
-    for utime, stime in ((29, 24), (159, 25), (0, 0), (123456, 7890)):
+    for utime, stime in ((1, 5), (29, 24), (159, 25), (0, 0), (123456, 7890)):
         stat = (f"42 (yolo-pipeline post-0) S 1 42 42 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 4 0 "
                 f"1000 123456789 2500 18446744073709551615").encode()
         cpu_s, rss = resources.parse_stat(stat)
