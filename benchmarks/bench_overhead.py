@@ -10,11 +10,14 @@ resource samples), medians over the rounds.
 ``collector``: one collector process fed by a synthetic producer at full speed (results as the
 last frame stage sends them: batches of 64, five detections each, records as JSON text), then
 every worker's summary: the fps it took them at (wall, beside the producer on these 2 vCPUs),
-and its CPU-ms per frame while it did (its own CPU clock, every thread).
+and its CPU-ms per frame while it did (its own CPU clock, every thread). With ``--paced``, fed
+one-frame messages at fixed rates instead (0: idle): its CPU-ms per second and per message,
+where its fixed costs (wake-ups, progress, resource samples) show.
 
 Usage: ``python benchmarks/bench_overhead.py pipeline [--rounds 3] [--frames 480] [--repos A B] [--json OUT]``
 (``--repos``: checkouts to compare in the same rounds, e.g. a worktree of the commit before a change)
        ``python benchmarks/bench_overhead.py collector [--frames 30000] [--rounds 3]``
+       ``python benchmarks/bench_overhead.py collector --paced 0 50 100 200 [--seconds 10] [--rounds 3]``
 """
 
 from __future__ import annotations
@@ -100,12 +103,16 @@ def pipeline(args) -> dict:
     print(f"  {'':22s}" + "".join(f"{role:>10s}" for role in (*ROLES, "total")) + "       fps")
     for key, s in summary.items():
         print(f"  {key:22s}" + "".join(f"{s['cpu_ms'][role]:10.3f}" for role in (*ROLES, "total"))
-              + f"{s['fps']:10.1f}  collector+runner {s['cpu_ms']['collector'] + s['cpu_ms']['runner']:.3f}")
+              + f"{s['fps']:10.1f}  collector+runner {s['cpu_ms']['collector'] + s['cpu_ms']['runner']:.3f}"
+              + f" (CPU-ms a second: collector {s['cpu_ms']['collector'] * s['fps']:.1f},"
+              + f" runner {s['cpu_ms']['runner'] * s['fps']:.1f})")
     return {"pipeline": summary, "runs": {f"{repo.name}/{save}": rs for (repo, save), rs in runs.items()}}
 
 
 # -- a collector alone ---------------------------------------------------------------------------------
 def collector(args) -> dict:
+    if args.paced is not None:
+        return paced(args)
     rounds = [collector_round(args.frames) for _ in range(args.rounds)]
     for r in rounds:
         print(f"collector alone: {r['frames']} frames at {r['fps']:.0f} fps, {r['cpu_ms_per_frame']:.4f} CPU-ms a frame "
@@ -117,56 +124,118 @@ def collector(args) -> dict:
 
 
 def collector_round(frames: int) -> dict:
-    import multiprocessing as mp
-    import secrets
+    from wire.messages import PROGRESS
+    from wire.transport import recv_message
+    with CollectorUnderTest(frames) as under_test:
+        cpu0, t0 = under_test.cpu_s(), time.perf_counter()
+        under_test.producer.send_results(frames)
+        taken = 0
+        while taken < frames:
+            header = recv_message(under_test.progress, token=under_test.token).header
+            if header["type"] == PROGRESS:
+                taken = header["processed"]
+        cpu1, t1 = under_test.cpu_s(), time.perf_counter()
+    cpu_ms = 1e3 * (cpu1 - cpu0) / frames
+    return {"frames": frames, "fps": frames / (t1 - t0), "cpu_ms_per_frame": cpu_ms, "capacity_fps": 1e3 / cpu_ms}
 
-    import psutil
-    import zmq
 
-    from inputs.sources import plan_frames
-    from settings.config import RunConfig
-    from supervisor.processes import run_stage
-    from wire.messages import FINISHED, PROGRESS
-    from wire.transport import make_socket, recv_message
-    from wire.wiring import StageArgs, Wire, make_endpoints
-    from yolo.names import COCO_NAMES
+def paced(args) -> dict:
+    """A collector fed one-frame results at each rate of ``--paced`` (0: idle, only its own
+    loop), ``--seconds`` each: its CPU-ms per second and per message, medians over the rounds.
+    What it spends per second at a low rate is its fixed cost (wake-ups, progress, samples)."""
+    by_rate: dict[float, list[dict]] = {rate: [] for rate in args.paced}
+    for round_index in range(args.rounds):
+        for rate in args.paced if round_index % 2 == 0 else args.paced[::-1]:
+            run = paced_round(rate, args.seconds)
+            by_rate[rate].append(run)
+            print(f"round {round_index + 1} paced {rate:6.0f} msg/s: {run['cpu_ms_per_s']:6.2f} CPU-ms/s, "
+                  f"{run['cpu_ms_per_message']:.3f} CPU-ms a message", flush=True)
+    summary = {f"{rate:g}": {key: statistics.median(r[key] for r in runs) for key in ("cpu_ms_per_s", "cpu_ms_per_message")}
+               for rate, runs in by_rate.items()}
+    for rate, s in summary.items():
+        print(f"median at {rate:>6s} msg/s: {s['cpu_ms_per_s']:6.2f} CPU-ms/s, {s['cpu_ms_per_message']:.3f} CPU-ms a message")
+    return {"paced": summary, "rounds": {f"{rate:g}": runs for rate, runs in by_rate.items()}}
 
-    workers = ("pre-0", "infer-0", "post-0")
-    with tempfile.TemporaryDirectory(prefix="bench-coll-", dir="/tmp") as tmp:
+
+def paced_round(rate: float, seconds: float) -> dict:
+    """One-frame Results messages at ``rate`` a second for ``seconds`` (sent on a schedule, so
+    a late one does not shift the rest): the collector's CPU over that time."""
+    count = int(rate * seconds)
+    with CollectorUnderTest(max(count, 1)) as under_test:
+        cpu0, t0 = under_test.cpu_s(), time.perf_counter()
+        for i in range(count):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            under_test.producer.send_results(1, start=i)
+        time.sleep(max(0.0, t0 + seconds - time.perf_counter()))
+        cpu1, t1 = under_test.cpu_s(), time.perf_counter()
+    cpu_ms = 1e3 * (cpu1 - cpu0)
+    return {"rate": rate, "messages": count, "cpu_ms_per_s": cpu_ms / (t1 - t0),
+            "cpu_ms_per_message": cpu_ms / count if count else float("nan")}
+
+
+class CollectorUnderTest:
+    """A collector process as the runner starts it (its progress socket read here, its results
+    sent by a SyntheticProducer); on leaving, every worker's summary, and the run folder written."""
+
+    WORKERS = ("pre-0", "infer-0", "post-0")
+
+    def __init__(self, frames: int):
+        self.frames = frames
+
+    def __enter__(self):
+        import multiprocessing as mp
+        import secrets
+
+        import psutil
+        import zmq
+
+        from inputs.sources import plan_frames
+        from settings.config import RunConfig
+        from supervisor.processes import run_stage
+        from wire.transport import make_socket
+        from wire.wiring import StageArgs, Wire, make_endpoints
+        from yolo.names import COCO_NAMES
+
+        self.tmp = tempfile.TemporaryDirectory(prefix="bench-coll-", dir="/tmp")
+        tmp, frames = self.tmp.name, self.frames
         cfg = RunConfig(save_images="none", synthetic_count=frames)
         endpoints = make_endpoints("ipc", tmp, "", 0, {"pre": 1, "infer": 1, "post": 1, "collector": 1})
         wire = Wire(secrets.token_bytes(16))
+        self.token = wire.token
         run_dir = os.path.join(tmp, "run")
         os.mkdir(run_dir)
         args = StageArgs(name="collector", index=0, config=cfg, plan=plan_frames("synthetic", synthetic_count=frames),
                          endpoints=endpoints, wire=wire, log_path=os.path.join(run_dir, "run.log"), run_dir=run_dir,
                          run_tag=f"bench-{os.getpid()}", names=tuple(COCO_NAMES), runner_pid=os.getpid(),
-                         workers=workers)
-        ctx = zmq.Context()
-        progress = make_socket(ctx, zmq.PULL)
-        progress.bind(endpoints["progress"])
-        process = mp.get_context("spawn").Process(target=run_stage, args=("collector.collector", args), daemon=True)
-        process.start()
-        producer = SyntheticProducer(ctx, endpoints["collector"], wire.token, workers)
-        watched = psutil.Process(process.pid)
+                         workers=self.WORKERS)
+        self.ctx = zmq.Context()
+        self.progress = make_socket(self.ctx, zmq.PULL)
+        self.progress.bind(endpoints["progress"])
+        self.process = mp.get_context("spawn").Process(target=run_stage, args=("collector.collector", args),
+                                                       daemon=True)
+        self.process.start()
+        self.producer = SyntheticProducer(self.ctx, endpoints["collector"], wire.token, self.WORKERS)
+        self.watched = psutil.Process(self.process.pid)
         time.sleep(1.0)  # the collector binds and settles
-        cpu0, t0 = sum(watched.cpu_times()[:2]), time.perf_counter()
-        producer.send_results(frames)
-        taken = 0
-        while taken < frames:
-            header = recv_message(progress, token=wire.token).header
-            if header["type"] == PROGRESS:
-                taken = header["processed"]
-        cpu1, t1 = sum(watched.cpu_times()[:2]), time.perf_counter()
-        producer.send_summaries()
-        while recv_message(progress, token=wire.token).header["type"] != FINISHED:
+        return self
+
+    def cpu_s(self) -> float:
+        """The collector's CPU clock, every thread."""
+        return sum(self.watched.cpu_times()[:2])
+
+    def __exit__(self, *exc) -> None:
+        from wire.messages import FINISHED
+        from wire.transport import recv_message
+        self.producer.send_summaries()
+        while recv_message(self.progress, token=self.token).header["type"] != FINISHED:
             pass
-        process.join(30)
-        producer.close()
-        progress.close()
-        ctx.term()
-    cpu_ms = 1e3 * (cpu1 - cpu0) / frames
-    return {"frames": frames, "fps": frames / (t1 - t0), "cpu_ms_per_frame": cpu_ms, "capacity_fps": 1e3 / cpu_ms}
+        self.process.join(30)
+        self.producer.close()
+        self.progress.close()
+        self.ctx.term()
+        self.tmp.cleanup()
 
 
 class SyntheticProducer:
@@ -193,14 +262,14 @@ class SyntheticProducer:
                       workers=dict(zip(("pre", "infer", "post"), self.workers)), batch=1, image_saved=False,
                       cold=False, predictions=predictions).to_message()
 
-    def send_results(self, frames: int) -> None:
-        """In Results batches of RESULTS_BATCH frames, as the last stage sends them at full speed
-        (its records written as JSON text there)."""
+    def send_results(self, frames: int, start: int = 0) -> None:
+        """Frames ``start`` to ``start + frames`` in Results batches of RESULTS_BATCH frames, as the
+        last stage sends them at full speed (its records written as JSON text there)."""
         from wire.messages import Results, done_item
         from wire.transport import send_message
         from workers.onward import RESULTS_BATCH
-        for start in range(0, frames, RESULTS_BATCH):
-            items = [done_item(self.result(i)) for i in range(start, min(frames, start + RESULTS_BATCH))]
+        for first in range(start, start + frames, RESULTS_BATCH):
+            items = [done_item(self.result(i)) for i in range(first, min(start + frames, first + RESULTS_BATCH))]
             send_message(self.socket, Results(items).to_message(), token=self.token)
 
     def send_summaries(self) -> None:
@@ -229,6 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     coll = sub.add_parser("collector", help="a collector alone, fed at full speed")
     coll.add_argument("--frames", type=int, default=30_000)
     coll.add_argument("--rounds", type=int, default=3)
+    coll.add_argument("--paced", type=float, nargs="+", metavar="RATE",
+                      help="instead: one-frame messages at each RATE a second (0: idle), interleaved")
+    coll.add_argument("--seconds", type=float, default=10.0, help="with --paced: how long each rate runs")
     for parser in (pipe, coll):
         parser.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)

@@ -14,6 +14,7 @@ import zmq
 from collector.journal import BATCH_LINES, Journal, Resume, frame_row, reload
 from analysis.machine import usable_cores
 from backends.registry import backend_packages
+from inputs.kinds import input_kind
 from collector.ledger import Expected, Ledger, account_missing
 from process.stage_loop import Stage, StageProcess, run_loop
 from wire.links import SlotReturns
@@ -25,13 +26,18 @@ from collector.videos import AnnotatedVideos
 from workers.store import run_root
 from wire.wiring import StageArgs
 
-PROGRESS_INTERVAL_S = 0.25
-RESOURCE_INTERVAL_S = 0.5
+PROGRESS_INTERVAL_S = 0.25  # at most this often, and only when a count changed
+RESOURCE_INTERVAL_S = 0.5  # the report interpolates each process's CPU between samples: coarser ones smear start-up into the window
+IDLE_WAKE_S = 1.0  # with nothing due, the loop still looks this often (is the runner alive?)
 DRAIN_AFTER_STOP_S = 3.0  # after a stop, wait this long for the workers' last summaries
-DRAIN_GAP_S = 0.01  # after taking what was queued, the collector waits this long before looking again
+DRAIN_GAP_S = 0.05  # after a drain that took few frames (a light load), the collector waits this long before looking again
+VIDEO_DRAIN_GAP_S = 0.01  # the same while it writes annotated videos: each frame it holds keeps a slot lent
+DRAIN_GAP_FRAMES = BATCH_LINES  # a drain that took this many frames or more is followed by no wait: under a heavy
+# load the queue is taken as it comes, so a collector killed leaves few frames unwritten (postprocess resends its last ones)
 WRITE_EVERY_FRAMES = BATCH_LINES  # new frames' records are written at least this often (the journal's batch)
-WRITE_EVERY_S = 0.1  # and at least this often
+WRITE_EVERY_S = 0.25  # and at least this often (with the progress report: one wake-up for both)
 COLLECTOR_TYPES = frozenset({RESULTS, RESULT, FAILED, STATS})
+POLLIN = int(zmq.POLLIN)  # a plain int: `&` on pyzmq's flag enum costs more than the socket option read
 DONE_FIELDS = SCHEMAS[DONE]
 
 
@@ -206,7 +212,10 @@ class Collector(Stage):
                                                args.resume))
         self.sampler = ResourceSampler(args.runner_pid)
         self.last_progress = self.last_sample = 0.0
+        self.progress_sent: tuple[int, int] | None = None  # (processed, failed) the runner was last told
         self.stop_deadline: float | None = None
+        self.drain_gap_s = VIDEO_DRAIN_GAP_S if args.config.save_every > 0 and any(
+            input_kind(item.kind).video for item in args.plan.items) else DRAIN_GAP_S
 
     def keep_going(self, control) -> bool:
         if control.should_stop() and self.stop_deadline is None:
@@ -221,18 +230,36 @@ class Collector(Stage):
         if self.collected.write_due():
             self.collected.write()
         now = time.perf_counter()
-        if now - self.last_progress > PROGRESS_INTERVAL_S:
-            _send_progress(self.progress_out, self.collected.ledger, self.args)
+        if self._counts() != self.progress_sent and now - self.last_progress >= PROGRESS_INTERVAL_S:
+            self.progress_sent = _send_progress(self.progress_out, self.collected.ledger, self.args)
             self.last_progress = now
-        if now - self.last_sample > RESOURCE_INTERVAL_S:
+        if now - self.last_sample >= RESOURCE_INTERVAL_S:
             self.sampler.sample()
             self.last_sample = now
         return False
 
+    def poll_timeout_ms(self) -> float:
+        """Until the next thing due (a write, a progress report of new counts, a sample), at most
+        IDLE_WAKE_S: an idle collector wakes about once a second, not ten times."""
+        now = time.perf_counter()
+        due = [self.last_sample + RESOURCE_INTERVAL_S, now + IDLE_WAKE_S]
+        if self.collected.unwritten:
+            due.append(self.collected.unwritten_since + WRITE_EVERY_S)
+        if self._counts() != self.progress_sent:
+            due.append(self.last_progress + PROGRESS_INTERVAL_S)
+        if self.stop_deadline is not None:
+            due.append(self.stop_deadline)
+        return max(0.0, 1e3 * (min(due) - now)) + 1  # +1: wake just after it is due, not just before
+
+    def _counts(self) -> tuple[int, int]:
+        ledger = self.collected.ledger
+        return len(ledger.processed), len(ledger.failed)
+
     def receive(self, socket) -> None:
         with self.process.clock.busy():
-            _drain_results(socket, self.collected, self.args, self.process.drops)
-        time.sleep(DRAIN_GAP_S)  # what arrives meanwhile is taken in one drain: fewer wake-ups, not more waiting
+            taken = _drain_results(socket, self.collected, self.args, self.process.drops)
+        if taken < DRAIN_GAP_FRAMES:
+            time.sleep(self.drain_gap_s)  # what arrives meanwhile is taken in one drain: fewer wake-ups
 
     def finish(self) -> None:
         process, collected, log, args = self.process, self.collected, self.log, self.args
@@ -263,28 +290,34 @@ def run(args: StageArgs) -> None:
     run_loop(process, Collector(process))
 
 
-def _drain_results(results_in, collected: Collected, args: StageArgs, drops: DropCounter) -> None:
-    """Everything queued, before the next progress report."""
-    while True:
+def _drain_results(results_in, collected: Collected, args: StageArgs, drops: DropCounter) -> int:
+    """Everything queued, before the next progress report; returns the frames it held (results
+    and failures). A whole message is there when the socket says POLLIN (ZeroMQ delivers all
+    its parts or none), so no receive ends in zmq.Again: raising it cost more than taking a
+    one-frame message."""
+    frames = 0
+    while results_in.get(zmq.EVENTS) & POLLIN:
         try:
-            msg = recv_message(results_in, token=args.wire.token, limits=REPORT_LIMITS, flags=zmq.NOBLOCK)
+            msg = recv_message(results_in, token=args.wire.token, limits=REPORT_LIMITS)
             header = validate(msg.header, COLLECTOR_TYPES)
-        except zmq.Again:
-            return
         except ProtocolError as exc:
             drops.note(exc, "results")
             continue
         collected.bytes_in += msg.nbytes
         collected.messages_in += 1
+        frames += len(header["items"]) if header["type"] == RESULTS else 1
         try:
             collected.take(header, msg.arrays)
         except SlotError as exc:
             drops.note(ProtocolError("slot", str(exc)), "results")
+    return frames
 
 
-def _send_progress(progress_out, ledger: Ledger, args: StageArgs) -> None:
+def _send_progress(progress_out, ledger: Ledger, args: StageArgs) -> tuple[int, int]:
+    """The counts to the runner; returns (processed, failed) as sent."""
     progress = Progress(len(ledger.processed), len(ledger.failed), ledger.plan.total)
     send_message(progress_out, progress.to_message(), token=args.wire.token)
+    return progress.processed, progress.failed
 
 
 def _sources(workers: list[dict], videos: list[dict]) -> dict:

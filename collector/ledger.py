@@ -42,7 +42,7 @@ class ProcessedFrames:
         workers = result.get("workers") or {}
         names = tuple(workers.get(role) for role in self.roles)
         self.ids.append(frame_id)
-        self.times.extend(float(t.get(k, 0.0)) for k in self.time_keys)
+        self.times.extend([t.get(k, 0.0) for k in self.time_keys])  # numbers (checked on the wire): the array makes them doubles
         self.batch.append(int(result["batch"]))
         found = result["detections"]  # the records, or their count (a row a restarted collector reloads)
         self.detections.append(found if isinstance(found, int) else len(found))

@@ -5,6 +5,7 @@ in the sum), which is what the whole run costs; RSS would count torch once per p
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
@@ -30,6 +31,53 @@ def process_label(process: psutil.Process, runner_pid: int) -> str:
     return f"pid-{process.pid}"
 
 
+def descendants(pid: int) -> list[int] | None:
+    """The pids below ``pid`` (children, theirs, ...), from /proc/<pid>/task/<tid>/children: a
+    few small reads per process of the run, where psutil's children() reads /proc/<n>/stat of
+    every process of the machine. None where the kernel keeps no such lists."""
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+        return None
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # it exited meanwhile
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as children:
+                    kids = [int(k) for k in children.read().split()]
+            except (OSError, ValueError):  # that thread ended meanwhile
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def proc_stat(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds, user + system; resident bytes) of ``pid`` from one read of /proc/<pid>/stat
+    (what psutil's cpu_times and memory_info read from two files, at several times the cost);
+    None when it is gone or the file is not there. Resident bytes read 0 for a process exiting."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return parse_stat(stat_file.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def parse_stat(stat: bytes) -> tuple[float, int]:
+    """(CPU seconds, resident bytes) from the text of /proc/<pid>/stat."""
+    fields = stat[stat.rfind(b")") + 2:].split()  # after the command, which may hold spaces
+    # psutil's sum exactly (user / ticks + system / ticks): the report takes any drop of a
+    # process's CPU, even a rounding of 1e-16, for a restart and adds the CPU before it again
+    return int(fields[11]) / _CLOCK_TICKS + int(fields[12]) / _CLOCK_TICKS, int(fields[21]) * _PAGE_BYTES
+
+
 def machine_busy_s() -> float:
     """Busy core-seconds of the whole machine since boot: what else runs beside this pipeline
     (other jobs on a shared machine) shows as busy time that none of its processes used."""
@@ -45,13 +93,15 @@ class ResourceSampler:
     process's whole address space (about 6 ms for a process that maps torch: 65 CPU-ms for a
     run's ten processes, measured), so a round of PSS reads comes at most every PSS_EVERY
     samples and no sooner than its own cost allows within PSS_BUDGET of one core; the others
-    hold None. CPU and RSS are cheap and read every time; the process list (a scan of every
-    process of the machine) is read again every LIST_EVERY samples."""
+    hold None. CPU and RSS are cheap and read every time; the process list is read again every
+    LIST_EVERY samples, from the kernel's lists of each process's children (psutil's scan of
+    every process of the machine where the kernel has none). A process's name is read until it
+    has its title, then kept."""
 
     PSS_EVERY = 4
-    PSS_BUDGET = 0.005  # of one core: what the collector spends on PSS reads at most
+    PSS_BUDGET = 0.002  # of one core: what the collector spends on PSS reads at most (2 CPU-ms a second)
     LIST_EVERY = 4
-    FIRST_PSS_READS = 2  # read on a process's first samples too: a short-lived worker still gets a PSS
+    FIRST_PSS_READS = 1  # read on a process's first sample too (a short-lived worker sends its own at exit)
 
     def __init__(self, runner_pid: int):
         self.runner_pid = runner_pid
@@ -60,6 +110,7 @@ class ResourceSampler:
         self.ticks = 0
         self.every = 1  # keep one sample in `every`: long runs keep a flat, coarser history
         self.processes: list[psutil.Process] = []
+        self.labels: dict[int, str] = {}  # pid -> its stage name, once it has one (a title does not change back)
         self.next_pss_s = 0.0  # perf_counter time before which no round of PSS reads starts
 
     def sample(self, final: bool = False) -> None:
@@ -71,8 +122,7 @@ class ResourceSampler:
         self.machine_cpu.append([now, machine_busy_s()])
         if final or not self.processes or self.ticks % self.LIST_EVERY == 1:
             try:
-                runner = psutil.Process(self.runner_pid)
-                self.processes = [runner] + runner.children(recursive=True)
+                self.processes = self._list()
             except psutil.Error:
                 return
         cpu_before = time.process_time()
@@ -85,13 +135,34 @@ class ResourceSampler:
             self.machine_cpu = self.machine_cpu[::2]
             self.every *= 2
 
+    def _list(self) -> list[psutil.Process]:
+        """The runner and every process below it; a process seen before keeps its object."""
+        pids = descendants(self.runner_pid)
+        if pids is None:
+            runner = psutil.Process(self.runner_pid)
+            return [runner] + runner.children(recursive=True)
+        known = {process.pid: process for process in self.processes}
+        listed = []
+        for pid in [self.runner_pid] + pids:
+            try:
+                listed.append(known.get(pid) or psutil.Process(pid))
+            except psutil.Error:  # it exited meanwhile
+                if pid == self.runner_pid:
+                    raise
+        return listed
+
     def _read(self, with_pss: bool) -> None:
         for process in self.processes:
             known = self.series.get(process.pid)
             read_pss = with_pss or known is None or known["pss_reads"] < self.FIRST_PSS_READS
+            if not read_pss and process.pid in self.labels:  # the usual sample: one read of /proc/<pid>/stat
+                usage = proc_stat(process.pid)
+                if usage is not None:
+                    known["samples"].append([time.perf_counter(), usage[0], usage[1] or None, None])
+                continue
             try:
                 with process.oneshot():
-                    label = process_label(process, self.runner_pid)
+                    label = self.labels.get(process.pid) or process_label(process, self.runner_pid)
                     cpu = process.cpu_times()
                     memory = process.memory_full_info() if read_pss else process.memory_info()
             except psutil.Error:  # it exited between listing and reading
@@ -99,6 +170,8 @@ class ResourceSampler:
             entry = self.series.setdefault(process.pid, {"pid": process.pid, "samples": [], "pss_reads": 0})
             if not label.startswith("pid-") and label != "forkserver" or "label" not in entry:
                 entry["label"] = label  # a stage's title replaces what its process was called at birth
+            if not label.startswith("pid-") and label not in ("forkserver", "resource-tracker"):
+                self.labels[process.pid] = label
             if not memory.rss:  # an exited process not yet reaped: its memory reads 0, which is no sample
                 memory = None
             pss = getattr(memory, "pss", None)

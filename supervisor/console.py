@@ -63,8 +63,11 @@ class Console:
             self.bar = None
 
     def echo_worker_logs(self) -> None:
-        """Print the warnings and errors other processes wrote to run.log since the last call."""
+        """Print the warnings and errors other processes wrote to run.log since the last call
+        (called a few times a second: a stat, and the file opened only when it grew)."""
         try:
+            if os.stat(self.log_path).st_size <= self._offset:
+                return
             with open(self.log_path, encoding="utf-8", errors="replace") as f:
                 f.seek(self._offset)
                 chunk = f.read()

@@ -49,7 +49,8 @@ from wire.transport import REPORT_LIMITS, TOKEN_BYTES, CurveKeys, DropCounter, P
 
 log = logging.getLogger("runner")
 
-POLL_TIMEOUT_MS = 100
+WATCH_INTERVAL_S = 0.25  # heartbeats read, exits, hangs, deadlines and worker logs looked at this often (under
+# the loop clock's GAP_S, so a watch that turns on time is never taken for a pause)
 
 class UsageError(ValueError):
     """Found while setting the run up (a port in use): exit code 2, nothing started."""
@@ -219,17 +220,29 @@ def _send_quietly(socket, header: dict, token: bytes) -> None:
 
 
 def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console) -> None:
+    """Wakes for the collector's progress (the bar, the end of the run) and otherwise every
+    WATCH_INTERVAL_S: heartbeats are read in one go then, not each as it comes (a run's
+    processes beat a dozen times a second), and so are exits, hangs, deadlines and the log."""
     drops = watch.drops
     watch.clock.take_gaps()  # starting the processes (the fork server importing torch) is no pause
     poller = zmq.Poller()
     poller.register(progress_in, zmq.POLLIN)
-    poller.register(health_in, zmq.POLLIN)
+    wakeup_fd = watch.interrupts.wakeup_fd
+    if wakeup_fd is not None:
+        poller.register(wakeup_fd, zmq.POLLIN)  # a signal wakes the watch at once
+    next_look_s = 0.0
     while watch.phase != "done":
-        events = dict(poller.poll(POLL_TIMEOUT_MS))
-        if health_in in events:
-            _read_all(health_in, token, {HEARTBEAT}, drops, "health", lambda h: _on_beat(watch, h))
+        wait_s = next_look_s - time.perf_counter()
+        events = dict(poller.poll(max(0, int(1e3 * wait_s) + 1))) if wait_s > 0 else {}
+        if wakeup_fd is not None and wakeup_fd in events:
+            watch.interrupts.take_wakeups()
         if progress_in in events:
             _read_all(progress_in, token, {PROGRESS, FINISHED}, drops, "progress", lambda h: _on_progress(watch, h))
+        now = time.perf_counter()
+        if now < next_look_s and watch.finished is None and watch.interrupts.count == watch.seen_interrupts:
+            continue  # only progress: the rest waits for its turn
+        next_look_s = now + WATCH_INTERVAL_S
+        _read_all(health_in, token, {HEARTBEAT}, drops, "health", lambda h: _on_beat(watch, h))
         console.echo_worker_logs()
         for gap_s in watch.clock.take_gaps():
             if gap_s > watch.cfg.heartbeat_timeout_s:  # one that would have looked like deaths

@@ -12,6 +12,7 @@ child has started: it is never lost.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from dataclasses import dataclass, field
 
@@ -25,16 +26,40 @@ SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGHUP": "SIGHUP (terminal closed)"}  # wha
 class Interrupts:
     received: list[str] = field(default_factory=list)  # signal names, in order
     _previous: dict = field(default_factory=dict)
+    wakeup_fd: int | None = None  # readable when a signal came: a watch waiting in poll wakes at once
+    _write_fd: int | None = None
+    _previous_wakeup_fd: int = -1
 
     def install(self) -> Interrupts:
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._note)
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            self._previous_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread: the watch sees the signal at its next turn
+            os.close(read_fd)
+            os.close(write_fd)
+        else:
+            self.wakeup_fd, self._write_fd = read_fd, write_fd
         return self
+
+    def take_wakeups(self) -> None:
+        """Empty the wake-up pipe (the signals themselves are in ``received``)."""
+        try:
+            while os.read(self.wakeup_fd, 512):
+                pass
+        except (BlockingIOError, TypeError):
+            pass
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        if self.wakeup_fd is not None:
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+            os.close(self.wakeup_fd)
+            os.close(self._write_fd)
+            self.wakeup_fd = self._write_fd = None
 
     def _note(self, signum, frame) -> None:
         self.received.append(signal.Signals(signum).name)

@@ -11,6 +11,7 @@ from analysis.report import build_report
 from analysis.resources import cpu_between, cumulative_cpu, peak_pss_total, process_usage, resource_report
 from tests.analysis_runs import MIB, steady_run
 from tests.live_run import REPO
+from process import resources
 from process.resources import ResourceSampler
 
 MB = 1_000_000
@@ -106,6 +107,9 @@ def test_a_process_whose_memory_reads_zero_gives_no_memory_sample(monkeypatch):
 
     monkeypatch.setattr(psutil.Process, "memory_info", exiting(real_info))
     monkeypatch.setattr(psutil.Process, "memory_full_info", exiting(real_full))
+    real_stat = resources.proc_stat
+    monkeypatch.setattr(resources, "proc_stat",  # the usual sample's one read of /proc/<pid>/stat
+                        lambda pid: (real_stat(pid)[0], 0) if pid == child.pid else real_stat(pid))
     try:
         sampler = ResourceSampler(runner_pid=os.getpid())
         sampler.sample(final=True)
@@ -167,3 +171,35 @@ def test_own_usage_reports_the_peak_of_memory_already_freed():
     before, after, rss, pss = map(int, out.split())
     assert after - before > 250 * MIB, (before, after)
     assert rss < after - 250 * MIB and 0 < pss <= rss, (rss, pss, after)
+
+
+def test_proc_stat_reads_what_psutil_reads():
+    """The usual sample's one read of /proc/<pid>/stat gives the CPU and RSS psutil gives."""
+    me = psutil.Process()
+    cpu_s, rss = resources.proc_stat(os.getpid())
+    times, memory = me.cpu_times(), me.memory_info()
+    assert abs(cpu_s - (times.user + times.system)) < 0.05
+    assert abs(rss - memory.rss) < 16 * MIB
+    assert resources.proc_stat(2**22 + 1) is None, "no such process"
+
+
+def test_proc_stat_sums_cpu_as_psutil_does_to_the_last_bit():
+    """A sample read by psutil and the next by proc_stat must not differ by a rounding: the
+    report takes any drop of a process's CPU for a restart. 1 + 5 ticks: (1 + 5) / 100 is 0.06,
+    1 / 100 + 5 / 100 (psutil's user + system) is 0.060000000000000005."""
+    ticks = resources._CLOCK_TICKS
+    for utime, stime in ((1, 5), (29, 24), (159, 25), (0, 0), (123456, 7890)):
+        stat = (f"42 (yolo-pipeline post-0) S 1 42 42 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 4 0 "
+                f"1000 123456789 2500 18446744073709551615").encode()
+        cpu_s, rss = resources.parse_stat(stat)
+        assert cpu_s == utime / ticks + stime / ticks and rss == 2500 * resources._PAGE_BYTES
+
+
+def test_a_sample_after_the_first_reads_cpu_and_rss_of_a_titled_process():
+    """Once a process is named, its samples come from /proc/<pid>/stat: CPU grows, RSS is there."""
+    sampler = ResourceSampler(runner_pid=os.getpid())
+    sampler.sample()
+    sampler.sample()
+    samples = sampler.series[os.getpid()]["samples"]
+    assert sampler.labels[os.getpid()] == "runner" and len(samples) == 2
+    assert samples[1][1] >= samples[0][1] and samples[1][2] > 0 and samples[1][3] is None

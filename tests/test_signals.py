@@ -94,3 +94,25 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(live, when):
     assert "Traceback" not in run.stderr() and "KeyboardInterrupt" not in run.stderr(), run.stderr()
     assert not run.run_dir.exists(), sorted(p.name for p in run.run_dir.iterdir())
     run.assert_clean()
+
+
+def test_a_signal_makes_the_watchs_wake_up_pipe_readable_and_restore_closes_it():
+    """The watch waits up to 0.25 s between looks; a signal wakes its poll at once through the
+    wake-up pipe, and restore() puts the handlers and the previous wake-up fd back."""
+    import os
+    import select
+
+    from supervisor.signals import Interrupts
+    interrupts = Interrupts().install()
+    try:
+        assert interrupts.wakeup_fd is not None
+        assert select.select([interrupts.wakeup_fd], [], [], 0)[0] == []
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert select.select([interrupts.wakeup_fd], [], [], 1.0)[0] == [interrupts.wakeup_fd]
+        interrupts.take_wakeups()
+        assert select.select([interrupts.wakeup_fd], [], [], 0)[0] == []
+        assert interrupts.received == ["SIGTERM"]
+    finally:
+        interrupts.restore()
+    assert interrupts.wakeup_fd is None and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.set_wakeup_fd(-1) == -1, "the previous wake-up fd (none) is back"

@@ -299,15 +299,14 @@ def validate(header: dict, expected: frozenset[str] | set[str]) -> dict:
 
 def check_fields(header: dict, fields: dict[str, str], kind: str) -> dict:
     """``header`` if it has ``fields`` of their types (a ``?`` type may be absent or None)."""
-    for name, spec in fields.items():
-        optional = spec.startswith(OPTIONAL)
+    for name, optional, check, type_name in _compiled(fields):
         value = header.get(name)
         if value is None:
             if optional:
                 continue
             raise ProtocolError("schema", f"expected field {name!r} in a {kind!r} message, got none")
-        if not _CHECKS[spec.lstrip(OPTIONAL)](value):
-            raise ProtocolError("schema", f"expected field {name!r} of a {kind!r} message to be {spec.lstrip('?')}, "
+        if not check(value):
+            raise ProtocolError("schema", f"expected field {name!r} of a {kind!r} message to be {type_name}, "
                                           f"got {type(value).__name__}")
     if "t" in fields:
         _check_times(header["t"], kind)
@@ -319,9 +318,27 @@ def check_fields(header: dict, fields: dict[str, str], kind: str) -> dict:
     return header
 
 
+_COMPILED: dict[int, tuple[dict, tuple]] = {}  # id(schema) -> (the schema, its fields as check_fields walks them)
+_COMPILED_MAX = 256  # schemas kept; one made afresh per call is compiled every time instead
+
+
+def _compiled(fields: dict[str, str]) -> tuple[tuple[str, bool, Any, str], ...]:
+    """(name, optional, check, type name) per field: what check_fields would otherwise parse
+    from each spec string for every message (the collector checks every frame's fields)."""
+    kept = _COMPILED.get(id(fields))
+    if kept is not None and kept[0] is fields and len(kept[1]) == len(fields):
+        return kept[1]
+    compiled = tuple((name, spec.startswith(OPTIONAL), _CHECKS[spec.lstrip(OPTIONAL)], spec.lstrip(OPTIONAL))
+                     for name, spec in fields.items())
+    if len(_COMPILED) < _COMPILED_MAX:
+        _COMPILED[id(fields)] = (fields, compiled)
+    return compiled
+
+
 def _check_times(times: dict[str, Any], kind: str) -> None:
-    if not all(isinstance(k, str) and _CHECKS[FLOAT](v) for k, v in times.items()):
-        raise ProtocolError("schema", f"expected field 't' of a {kind!r} message to map names to seconds")
+    for key, value in times.items():  # every frame's timestamps: floats are taken without a call
+        if type(key) is not str or (type(value) is not float and not is_number(value)):
+            raise ProtocolError("schema", f"expected field 't' of a {kind!r} message to map names to seconds")
 
 
 def _check_video(video: dict, kind: str) -> None:
