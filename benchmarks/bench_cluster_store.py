@@ -197,7 +197,8 @@ def frame_checks(result: dict, frames: int, names: list[str], saved_expected: in
                "cancelled": f.get("cancelled"), "processed_twice": f.get("processed_twice"),
                "processed_ids": f.get("processed_ids"), "records": len(records),
                "images_with_records": len(frames_of), "images_stored": len(stored),
-               "labels_stored": len(stored_names(result["name"], "labels"))}
+               "labels_stored": len(stored_names(result["name"], "labels")),
+               "streamed_bytes": report.get("outputs", {}).get("streamed_bytes")}
     return {"checks": checks, "figures": figures, "records": records, "stored": stored}
 
 
@@ -298,7 +299,14 @@ def main() -> int:
             ok &= show_checks(f"[{name}] every frame once", checked[name]["checks"])
             print(f"[{name}] {json.dumps(checked[name]['figures'])}", flush=True)
         saved_10 = checked["cluster-10"]["figures"]["images_stored"]
-        print(f"[cluster-10] {saved_10} annotated images in the store", flush=True)
+        frame_of = {r["image"]: r["frame"] for r in checked["cluster-10"]["records"]}
+        kept = sorted(frame_of[n] for n in checked["cluster-10"]["stored"] if n in frame_of)
+        one_machine = sum(1 for i in kept if i % args.save_every == 0)
+        print(f"[cluster-10] {saved_10} annotated images in the store ({args.frames // args.save_every} on one machine: "
+              f"the frames whose global id is a multiple of {args.save_every}; {one_machine} of the {len(kept)} "
+              f"saved frames with records are such frames: each node counts its own frames)", flush=True)
+        out["saved_10"] = {"stored": saved_10, "with_records": len(kept), "global_multiples": one_machine,
+                           "first_ids": kept[:20]}
 
         same = compare(checked["cluster"]["records"], checked["single"]["records"])
         print(f"detections, cluster against single: {same['records'][0]} and {same['records'][1]} records over "
