@@ -245,6 +245,15 @@ def show_checks(title: str, checks: dict) -> bool:
     return all(checks.values())
 
 
+def on_sigterm() -> None:
+    """SIGTERM cleans up as Ctrl-C does (the cluster and the server go with the ``with`` blocks)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=2000, help="images in the store (default 2000)")
@@ -269,7 +278,7 @@ def main() -> int:
     if not weights.is_file():
         print(f"error: {weights} not found", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # clean up as Ctrl-C
+    on_sigterm()
     timeout_s = args.run_timeout_s or 300.0 + args.frames
     flags = ["--weights", str(weights), "--imgsz", str(args.imgsz), *args.runner_flags]
     objects = images(args.frames, FIXTURES_DIR)
@@ -283,6 +292,7 @@ def main() -> int:
         out["upload_s"] = upload(objects)
         print(f"uploaded to {SOURCE} in {out['upload_s']:.1f} s", flush=True)
         out["cluster_start_s"] = made.start(args.nodes, env)
+        on_sigterm()  # again, defensively: Ray's client code ran in this process meanwhile
         print(f"{args.nodes} namespaced nodes up in {out['cluster_start_s']:.1f} s", flush=True)
         runs = {
             "cluster": run_driver(made, env, "cluster", [*flags, "--save-images", "all"], True, timeout_s),
