@@ -39,7 +39,8 @@ class Unit:
 
     def entry(self) -> FeedEntry:
         scene = self.first_id if input_kind(self.kind).numbered_by_item else 0  # a synthetic scene: its id
-        return FeedEntry(self.kind, self.location, self.name, self.frames, self.item, self.start, scene, self.reason)
+        return FeedEntry(self.kind, self.location, self.name, self.frames, self.item, self.start, scene, self.reason,
+                         self.first_id)
 
     def rest(self, done: set[int]) -> Unit | None:
         """What of this unit comes after its last frame in ``done``, or None. A reader goes

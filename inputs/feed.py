@@ -54,6 +54,10 @@ class FeedEntry:
         start (int): a video's first frame read, after ``vid_stride`` (the rest of a video).
         scene (int): a synthetic scene's number.
         reason (str): why a ``"broken"`` entry cannot be read.
+        first_id (int): the run-wide id of its first frame, where the writer has one (a cluster
+            run's driver), so ``--save-images N`` keeps the run's every N-th image; -1: none.
+            (A video part keeps every N-th of its own frames: its annotated part is written
+            from them.)
     """
 
     kind: str
@@ -64,6 +68,7 @@ class FeedEntry:
     start: int = 0
     scene: int = 0
     reason: str = ""
+    first_id: int = -1
 
     def __post_init__(self) -> None:
         if self.kind not in FEED_KINDS and not _finite_kind(self.kind):
@@ -73,6 +78,8 @@ class FeedEntry:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (name == "frames"):
                 raise ValueError(f"expected feed entry {name} to be an int >= {int(name == 'frames')}, got {value!r}")
+        if isinstance(self.first_id, bool) or not isinstance(self.first_id, int) or self.first_id < -1:
+            raise ValueError(f"expected feed entry first_id to be an int >= -1, got {self.first_id!r}")
 
     def line(self) -> bytes:
         return (json.dumps(asdict(self), ensure_ascii=True) + "\n").encode("ascii")
@@ -201,9 +208,11 @@ class FeedReader:
             # rest of a video (start > 0) is a video of its own to the collector's video writer.
             source_index = (entry.start + index) * self._plan.vid_stride
             return FrameRef(frame_id, "video", f"{entry.name}:{source_index + 1:06d}", entry.item, index, 0,
-                            entry.location, source_index)
+                            entry.location, source_index)  # kept every N-th of the entry: its video part's own count
         source_index = entry.scene if entry.kind == "synthetic" else 0
-        return FrameRef(frame_id, entry.kind, entry.name, entry.item, 0, 0, entry.location, source_index, entry.reason)
+        save_number = entry.first_id + index if entry.first_id >= 0 else -1
+        return FrameRef(frame_id, entry.kind, entry.name, entry.item, 0, 0, entry.location, source_index, entry.reason,
+                        save_number)
 
     def _read_line(self) -> bytes | None:
         """The next whole line, or None: a line being written is kept until its newline comes."""

@@ -89,6 +89,9 @@ class FrameRef:
             ``vid_stride``, a live stream's grab count (gaps are stride and dropped frames), a
             synthetic scene's number; 0 for image files. -1 for a live frame not read yet.
         reason (str): why a ``"broken"`` frame cannot be read; ``""`` otherwise.
+        save_number (int): what ``--save-images N`` counts for this frame (kept when a multiple
+            of N): -1 for its own (``index`` in a video, else ``frame_id``); an image on a node of
+            a ``--ray`` run is told the driver's (its id in the whole run).
     """
 
     frame_id: int
@@ -100,6 +103,7 @@ class FrameRef:
     location: str
     source_index: int
     reason: str = ""
+    save_number: int = -1
 
 
 @dataclass(frozen=True, eq=False)

@@ -161,3 +161,32 @@ def test_a_process_that_writes_feed_lines_knows_the_registered_kinds():
             "FeedEntry('stored', 's3://b/a.jpg', 'a.jpg', 1, 0)\nprint('ok')")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_feed_line_tells_the_frames_run_wide_number_that_save_images_counts(tmp_path):
+    """A cluster node is fed frames 10, 11, 12 and 30 of the run: --save-images 3 keeps the run's
+    every third (12 and 30), not every third of the node's own ids."""
+    from types import SimpleNamespace
+
+    from workers.preprocess import _read_next
+    folder, plan = make_feed(tmp_path)
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
+    for first_id in (10, 11, 12, 30):
+        append(folder, 0, FeedEntry("image", str(image), f"f{first_id}.png", 1, first_id, first_id=first_id).line())
+    append(folder, 0, FeedEntry("image", str(image), "mine.png", 1, 99).line() + END)  # no run-wide id: its own
+    cfg = RunConfig(save_images="3", imgsz=64)
+    kept = {}
+
+    class Slots:
+        def prepare(self, frame, t_read, cfg, keep, pre, releaser):
+            kept[frame.ref.name] = (frame.ref.save_number, keep)
+            return {}, []
+    args = SimpleNamespace(poison_position=-1, name="pre-0")
+    with closing(open_share(plan, 0, 1)) as reader:
+        for _ in range(5):
+            _read_next(reader, Slots(), cfg, args, None, None, [], SimpleNamespace(on_frames=lambda names: None))
+    assert kept == {"f10.png": (10, False), "f11.png": (11, False), "f12.png": (12, True), "f30.png": (30, True),
+                    "mine.png": (-1, False)}  # its own id here is 4
+    with pytest.raises(ValueError, match="first_id"):
+        FeedEntry("image", "/a.jpg", "a.jpg", 1, 0, first_id=-2)

@@ -270,7 +270,9 @@ def _read_next(reader, slots: FramesOut, cfg, args: StageArgs, process: StagePro
         return None, True, False
     faults.on_frames([frame.ref.name])
     save_every = cfg.save_every
-    position = frame.ref.index if frame.video is not None else frame.ref.frame_id  # a video keeps every N-th of its own
+    position = frame.ref.save_number  # what the run counts: a cluster driver's, or else the frame's own
+    if position < 0:
+        position = frame.ref.index if frame.video is not None else frame.ref.frame_id  # a video keeps every N-th of its own
     keep = save_every > 0 and position % save_every == 0
     video = frame.video is not None
     if cfg.data_path == "device":  # inference decodes, draws and encodes: only a kept video frame's slot outlives it
