@@ -103,6 +103,9 @@ def test_a_signal_makes_the_watchs_wake_up_pipe_readable_and_restore_closes_it()
     import select
 
     from supervisor.signals import Interrupts
+    handler_before = signal.getsignal(signal.SIGTERM)  # SIG_DFL, or ray's where an earlier test ran ray.init here
+    fd_before = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd_before)
     interrupts = Interrupts().install()
     try:
         assert interrupts.wakeup_fd is not None
@@ -114,5 +117,5 @@ def test_a_signal_makes_the_watchs_wake_up_pipe_readable_and_restore_closes_it()
         assert interrupts.received == ["SIGTERM"]
     finally:
         interrupts.restore()
-    assert interrupts.wakeup_fd is None and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    assert signal.set_wakeup_fd(-1) == -1, "the previous wake-up fd (none) is back"
+    assert interrupts.wakeup_fd is None and signal.getsignal(signal.SIGTERM) is handler_before
+    assert signal.set_wakeup_fd(fd_before) == fd_before, "the previous wake-up fd is back"
