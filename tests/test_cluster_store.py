@@ -129,18 +129,24 @@ def test_a_node_that_cannot_reach_the_store_is_named_before_the_run(store, store
         store_cluster.remove_node(blind)
 
 
-def test_a_node_removed_mid_run_keeps_what_it_sent_and_every_output_is_written_once(store, store_cluster, tmp_path):
+def run_removing_a_node(store_cluster, results, env: dict, *flags: str):
+    """A driver run on the cluster plus a slow node, removed once it journaled VICTIM_FRAMES
+    frames; (exit code, --json summary, report) when the run ends."""
     victim = add_node(store_cluster, "victim", num_cpus=1, slow="pre:5")
-    results = tmp_path / "results"
-    proc = start_driver(store_cluster, results, "--source", f"s3://{BUCKET}/imgs", "--save-images", "all",
-                        "--save-txt", "--save-crop", *model_flags(), env=store)
+    proc = start_driver(store_cluster, results, *flags, env=env)
     deadline = time.monotonic() + RUN_TIMEOUT_S / 2
     while journaled(store_cluster.tmpdir, "victim") < VICTIM_FRAMES:
         assert time.monotonic() < deadline and proc.poll() is None, driver_log(results)[-3000:]
         time.sleep(0.1)
     time.sleep(1.0)  # the driver pulls every 0.25 s: some of what it finished has come
     store_cluster.remove_node(victim)
-    code, summary, report = finish(proc, results)
+    return finish(proc, results)
+
+
+def test_a_node_removed_mid_run_keeps_what_it_sent_and_every_output_is_written_once(store, store_cluster, tmp_path):
+    results = tmp_path / "results"
+    code, summary, report = run_removing_a_node(store_cluster, results, store, "--source", f"s3://{BUCKET}/imgs",
+                                                "--save-images", "all", "--save-txt", "--save-crop", *model_flags())
     assert code == 0, driver_log(results)[-3000:]
     assert_ledger(report, IMAGES)
     frames = report["frames"]
@@ -183,19 +189,11 @@ def test_results_in_a_store_are_written_by_the_nodes_and_a_node_removed_mid_run_
     their bytes and uploads the merged report files (report.json last, the name's claim removed);
     a node removed mid-run keeps what it delivered, the rest is written again by the other node
     under the same names: every output once, every frame counted once."""
-    victim = add_node(store_cluster, "victim", num_cpus=1, slow="pre:5")
     results, driver_tmp = tmp_path / "results", tmp_path / "driver-tmp"
     driver_tmp.mkdir()
-    proc = start_driver(store_cluster, results, "--source", f"s3://{BUCKET}/imgs", "--results", f"s3://{BUCKET}/runs",
-                        "--name", "r1", "--save-images", "all", "--save-txt", "--save-crop", *model_flags(),
-                        env={**store, "TMPDIR": str(driver_tmp)})
-    deadline = time.monotonic() + RUN_TIMEOUT_S / 2
-    while journaled(store_cluster.tmpdir, "victim") < VICTIM_FRAMES:
-        assert time.monotonic() < deadline and proc.poll() is None, driver_log(results)[-3000:]
-        time.sleep(0.1)
-    time.sleep(1.0)  # the driver pulls every 0.25 s: some of what it finished has come
-    store_cluster.remove_node(victim)
-    code, summary, _local = finish(proc, results)
+    code, summary, _local = run_removing_a_node(
+        store_cluster, results, {**store, "TMPDIR": str(driver_tmp)}, "--source", f"s3://{BUCKET}/imgs", "--results",
+        f"s3://{BUCKET}/runs", "--name", "r1", "--save-images", "all", "--save-txt", "--save-crop", *model_flags())
     assert code == 0, driver_log(results)[-3000:]
     root = f"{BUCKET}/runs/r1"
     assert summary["run_dir"] == f"s3://{root}", summary

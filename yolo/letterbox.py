@@ -165,14 +165,22 @@ def letterbox(
         tuple[np.ndarray[H', W', 3], LetterboxInfo]: the contiguous ``uint8`` BGR letterboxed
         image and the geometry needed to map boxes back (see :func:`yolo.boxes.scale_boxes`).
     """
-    bgr = to_bgr(image)
-    info, (new_h, new_w), (top, bottom, left, right) = letterbox_layout(bgr.shape, imgsz, stride, rect, scaleup)
-    if (new_h, new_w) != info.original_shape:
-        bgr = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    bgr, info, (top, bottom, left, right) = _resized(image, imgsz, stride, rect, scaleup)
     out = cv2.copyMakeBorder(
         bgr, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(pad_value, pad_value, pad_value)
     )
     return np.ascontiguousarray(out), info
+
+
+def _resized(image: np.ndarray, imgsz: int, stride: int, rect: bool, scaleup: bool
+             ) -> tuple[np.ndarray, LetterboxInfo, tuple[int, int, int, int]]:
+    """The image as BGR at its letterboxed size, not yet padded; the geometry; the borders
+    ``(top, bottom, left, right)``."""
+    bgr = to_bgr(image)
+    info, (new_h, new_w), borders = letterbox_layout(bgr.shape, imgsz, stride, rect, scaleup)
+    if (new_h, new_w) != info.original_shape:
+        bgr = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    return bgr, info, borders
 
 
 def letterbox_rgb_chw(
@@ -197,10 +205,8 @@ def letterbox_rgb_chw(
         tuple[np.ndarray[3, H', W'], LetterboxInfo]: ``out`` (or the new array), the same pixels as
         ``bgr_to_rgb_chw(letterbox(...)[0])``, and the geometry.
     """
-    bgr = to_bgr(image)
-    info, (new_h, new_w), (top, bottom, left, right) = letterbox_layout(bgr.shape, imgsz, stride, rect, scaleup)
-    if (new_h, new_w) != info.original_shape:
-        bgr = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    bgr, info, (top, _, left, _) = _resized(image, imgsz, stride, rect, scaleup)
+    new_h, new_w = bgr.shape[:2]
     shape = (3, *info.shape)
     if out is None:
         out = np.empty(shape, np.uint8)
