@@ -50,6 +50,9 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_with_cleanup import in_child, on_sigterm, run_in_child  # noqa: E402  (benchmarks/: this script's folder)
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -245,65 +248,19 @@ def show_checks(title: str, checks: dict) -> bool:
     return all(checks.values())
 
 
-def on_sigterm() -> None:
-    """SIGTERM and SIGINT clean up as Ctrl-C does (the cluster and the server go with the ``with``
-    blocks); SIGINT too, which a shell's background job (and so this child) inherits ignored."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+def remove_leftovers() -> None:
+    """What a benchmark child killed before its own clean-up left: the namespaces, bridge and
+    folders, removed under the cluster lock, as the next cluster would (tests/netns_cluster.py)."""
+    import glob
+    import shutil
+    import tempfile
 
-
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
-CHILD_ENV = "YP_BENCH_CLUSTER_STORE_CHILD"
-LEFT_GRACE_S = 120.0  # the benchmark's own clean-up after a signal, before it is killed
-
-
-def supervise(args) -> int:
-    """Run the benchmark in a child process and make sure what it made goes. The child cleans up
-    itself on Ctrl-C or SIGTERM (``with`` blocks); but in 3 of 6 tries a SIGTERM to a single process
-    killed it at once (exit 143, no traceback, namespaces and nodes left; cause not found), so this
-    parent, which imports neither Ray nor moto, passes SIGTERM and SIGINT on as SIGINT, gives the
-    child LEFT_GRACE_S, and then removes the namespaces, bridge and folders itself (under the
-    cluster lock, as the next cluster would: tests/netns_cluster.py)."""
-    limit_s = 3 * (args.run_timeout_s or 300.0 + args.frames) + 900.0  # three runs, upload, nodes, checks
-    child = subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env={**os.environ, CHILD_ENV: "1"},
-                             start_new_session=True)  # a terminal's Ctrl-C reaches it once, from here
-    signalled = []
-    grace_end = None
-
-    def forward(signum, _frame):
-        signalled.append(signum)
-        if len(signalled) == 1 and child.poll() is None:
-            child.send_signal(signal.SIGINT)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    deadline = time.monotonic() + limit_s
-    while child.poll() is None:
-        if not signalled and time.monotonic() > deadline:
-            print(f"error: the benchmark ran past {limit_s:.0f} s: stopping it", file=sys.stderr, flush=True)
-            forward(signal.SIGTERM, None)
-        if signalled:
-            grace_end = grace_end or time.monotonic() + LEFT_GRACE_S
-            if time.monotonic() > grace_end:
-                child.kill()
-        time.sleep(0.2)
-    code = child.returncode
-    if code < 0 and code != -signal.SIGINT or signalled and code not in (0, 1, -signal.SIGINT):
-        from tests import netns_cluster
-        import glob
-        import shutil
-        import tempfile
-        with netns_cluster._lock():  # no cluster lives while it is held: what is there is the child's
-            netns_cluster.remove_namespaces()
-            for stale in glob.glob(os.path.join(tempfile.gettempdir(), f"{netns_cluster.ROOT_PREFIX}*")):
-                shutil.rmtree(stale, ignore_errors=True)
-        print(f"the benchmark ended with {code}: its namespaces, bridge and folders removed here", file=sys.stderr)
-    if signalled:
-        return 128 + signalled[0]
-    return 2 if code < 0 else code
+    from tests import netns_cluster
+    with netns_cluster._lock():  # no cluster lives while it is held: what is there is the child's
+        netns_cluster.remove_namespaces()
+        for stale in glob.glob(os.path.join(tempfile.gettempdir(), f"{netns_cluster.ROOT_PREFIX}*")):
+            shutil.rmtree(stale, ignore_errors=True)
+    print("its namespaces, bridge and folders removed here", file=sys.stderr)
 
 
 def main() -> int:
@@ -317,8 +274,9 @@ def main() -> int:
     parser.add_argument("--json-out", help="write every figure there as JSON")
     parser.add_argument("runner_flags", nargs="*", help="more runner flags for every run, after --")
     args = parser.parse_args()
-    if os.environ.get(CHILD_ENV) != "1":
-        return supervise(args)
+    if not in_child():
+        limit_s = 3 * (args.run_timeout_s or 300.0 + args.frames) + 900.0  # three runs, upload, nodes, checks
+        return run_in_child(limit_s, remove_leftovers)
 
     from tests import netns_cluster
     from tests.conftest import FIXTURES_DIR
@@ -368,7 +326,7 @@ def main() -> int:
         one_machine = sum(1 for i in kept if i % args.save_every == 0)
         print(f"[cluster-10] {saved_10} annotated images in the store ({args.frames // args.save_every} on one machine: "
               f"the frames whose global id is a multiple of {args.save_every}; {one_machine} of the {len(kept)} "
-              f"saved frames with records are such frames: each node counts its own frames)", flush=True)
+              f"saved frames with records are such frames)", flush=True)
         out["saved_10"] = {"stored": saved_10, "with_records": len(kept), "global_multiples": one_machine,
                            "first_ids": kept[:20]}
 
