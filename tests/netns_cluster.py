@@ -282,11 +282,14 @@ def namespace_pids(namespace: str) -> list[int]:
 
 def _node_env() -> dict[str, str]:
     """This environment less what would lead a node's traffic elsewhere (proxies) or share a
-    folder with the host (TMPDIR); Ray's usage stats off."""
+    folder with the host (TMPDIR); Ray's usage stats off; Ray's token auth off, as the test's own
+    client has it (with the mode unset, ``ray start`` turns it on when a ~/.ray/auth_token
+    exists, which any local ``ray.init`` since Ray 2.5x leaves behind)."""
     env = {key: value for key, value in os.environ.items()
-           if key.lower() not in ("http_proxy", "https_proxy", "all_proxy", "tmpdir")}
+           if key.lower() not in ("http_proxy", "https_proxy", "all_proxy", "tmpdir")
+           and key != "RAY_AUTH_TOKEN"}
     return {**env, "PATH": f"{ray_command().parent}{os.pathsep}{env.get('PATH', '')}",
-            "RAY_USAGE_STATS_ENABLED": "0"}
+            "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 def _run(command: list[str], check: bool = True) -> subprocess.CompletedProcess:
