@@ -7,7 +7,9 @@ reader sends a release naming the slot and the frame id. A consumer reads the ar
 :class:`SlotViews`, which maps a segment once and checks every reference against the run's
 segment names and the segment's size. Who lends and who returns stays explicit, as in PyTorch's
 DataLoader workers or Ray's object store: the owner alone reuses a slot, and only for a release
-that names the frame the slot was lent to.
+that names the frame the slot was lent to. Each slot starts with a stamp, the id of the frame it
+is lent to (-1 when free), so a reader handed a reference again after the slot went back (a
+frame sent again because its reader died after releasing it) can tell its pixels are gone.
 
 An array too big for a slot (a source frame larger than planned), and every array on a transport
 that crosses hosts (tcp), travels as bytes in the message instead: its reference is
@@ -37,6 +39,8 @@ SEGMENT_PREFIX = "yolo-pipeline-"
 ALIGN_BYTES = 64
 MAX_MAPPED_SEGMENTS = 64  # a consumer keeps this many producers' segments mapped
 MAX_DIM = 1 << 40  # largest dimension or offset a reference may name
+STAMP_BYTES = ALIGN_BYTES  # a slot's first bytes: the int64 id of the frame it is lent to, -1 when free
+FREE_STAMP = -1
 _NAME_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -82,17 +86,25 @@ def _map_file(path: str, size: int, create: bool) -> mmap.mmap:
         os.close(fd)
 
 
+def ring_slot_bytes(slot_bytes: int) -> int:
+    """The bytes a ring gives each slot with room for ``slot_bytes`` of arrays: its stamp, and the room aligned."""
+    return STAMP_BYTES + aligned(slot_bytes)
+
+
 class SlotRing:
-    """The owner's side: ``count`` slots of ``slot_bytes`` each in the file ``directory/name``."""
+    """The owner's side: ``count`` slots with room for ``slot_bytes`` of arrays each (after the
+    slot's stamp) in the file ``directory/name``."""
 
     def __init__(self, name: str, slot_bytes: int, count: int, directory: str = SHM_DIR):
         if slot_bytes <= 0 or count <= 0:
             raise ValueError(f"expected slot_bytes > 0 and count > 0, got {slot_bytes} and {count}")
         self.name = name
-        self.slot_bytes = aligned(slot_bytes)
+        self.slot_bytes = ring_slot_bytes(slot_bytes)
         self.count = count
         self.path = os.path.join(directory, name)
         self._map = _map_file(self.path, self.slot_bytes * count, create=True)
+        self._stamps = np.ndarray((count,), np.int64, buffer=self._map, strides=(self.slot_bytes,))
+        self._stamps[:] = FREE_STAMP
         self._free: collections.deque[int] = collections.deque(range(count))
         self._lent: dict[int, int] = {}  # slot -> the frame id it is lent to
         self.inline_arrays = 0  # arrays that did not fit a slot and went as bytes
@@ -106,6 +118,7 @@ class SlotRing:
             return None
         slot = self._free.popleft()
         self._lent[slot] = frame_id
+        self._stamps[slot] = frame_id
         return slot
 
     def store(self, slot: int, arrays: Sequence[np.ndarray]) -> tuple[list[dict], list[np.ndarray]]:
@@ -129,7 +142,7 @@ class SlotRing:
         if self._lent.get(slot) is None:
             raise ValueError(f"expected a lent slot, got slot {slot} which is free")
         refs, places = [], []
-        offset = inlined = 0
+        offset, inlined = STAMP_BYTES, 0
         for shape, dtype in specs:
             dtype = np.dtype(dtype)
             nbytes = aligned(math.prod(shape) * dtype.itemsize)
@@ -141,7 +154,8 @@ class SlotRing:
                 continue
             start = slot * self.slot_bytes + offset
             places.append(np.ndarray(shape, dtype, buffer=self._map, offset=start))
-            refs.append({"seg": self.name, "slot": slot, "off": start, "dtype": dtype.str, "shape": list(shape)})
+            refs.append({"seg": self.name, "slot": slot, "off": start, "dtype": dtype.str, "shape": list(shape),
+                         "stamp": slot * self.slot_bytes})
             offset += nbytes
         return refs, places
 
@@ -151,6 +165,7 @@ class SlotRing:
         if self._lent.get(slot) != frame_id:
             return False
         del self._lent[slot]
+        self._stamps[slot] = FREE_STAMP
         self._free.append(slot)
         return True
 
@@ -170,6 +185,7 @@ class SlotRing:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+        self._stamps = None
         try:
             self._map.close()
         except BufferError:  # numpy views over the map are still alive; unmapped when they go
@@ -210,6 +226,20 @@ class SlotViews:
             raise SlotError(f"expected offset and size inside segment {seg} ({len(mapped)} bytes), "
                             f"got offset {off!r} and {nbytes} bytes")
         return np.ndarray(shape, dtype, buffer=mapped, offset=off)
+
+    def still_lent_to(self, ref: dict, frame_id: int) -> bool:
+        """Whether the slot ``ref`` names is still lent to ``frame_id`` (its stamp); True for an
+        inline array, which no one else can reuse. False means the slot went back to its owner,
+        and may hold another frame's pixels by now."""
+        if not isinstance(ref, dict) or "inline" in ref:
+            return True
+        seg, stamp = ref.get("seg"), ref.get("stamp")
+        if not isinstance(seg, str) or not seg.startswith(self.prefix) or not _NAME_PART.match(seg):
+            raise SlotError(f"expected a segment of this run ({self.prefix}...), got {seg!r}")
+        mapped = self._mapped(seg)
+        if not _is_size(stamp) or stamp % ALIGN_BYTES or stamp + 8 > len(mapped):
+            raise SlotError(f"expected a slot stamp's offset inside the segment, got {stamp!r}")
+        return int(np.ndarray((), np.int64, buffer=mapped, offset=stamp)) == frame_id
 
     def _mapped(self, seg: str) -> mmap.mmap:
         mapped = self._maps.get(seg)

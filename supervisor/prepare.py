@@ -21,7 +21,7 @@ from settings.config import ConfigError, RunConfig
 from supervisor.stored_runs import check_name_free, check_store, make_local_run_dir, name_taken
 from inputs.object_store import is_store_url
 from analysis.machine import usable_cores
-from sharedmem.slots import SHM_DIR, aligned, free_bytes
+from sharedmem.slots import SHM_DIR, aligned, free_bytes, ring_slot_bytes
 from yolo.precision import choose_precision, has_native_bf16, read_cpu_flags
 from yolo.presets import MODEL_FREE, PRESETS
 
@@ -304,7 +304,7 @@ def slot_plan(cfg: RunConfig, plan) -> tuple[int, int]:
     original_pixels = min(original[0] * original[1], MAX_SLOT_ORIGINAL_PIXELS)
     slot_bytes = aligned(lb_bytes) + aligned(original_pixels * 3)
     slot_count = ring_frames(cfg)
-    needed, free = slot_bytes * slot_count * cfg.pre_workers, free_bytes()
+    needed, free = ring_slot_bytes(slot_bytes) * slot_count * cfg.pre_workers, free_bytes()
     if needed > SHM_FILL * free:
         log.warning("shared memory: the frame slots need %.0f MB and %s has %.0f MB free: frames travel in the "
                     "messages instead (slower; give the container a larger /dev/shm, e.g. docker --shm-size=1g)",

@@ -229,6 +229,30 @@ def test_killed_workers_are_restarted_and_every_frame_is_processed_once(live):
     run.assert_clean()
 
 
+def test_a_postprocess_worker_killed_holding_finished_results_loses_none_and_redraws_none(live):
+    """Postprocess holds finished results for the collector's next message (workers.onward) and
+    has given their slots back; killed holding some, their frames go again to its next
+    incarnation: each image is written once and equals an undisturbed run's (a frame sent again
+    must not be drawn from the pixels of another frame that reused its slot since)."""
+    flags = (*SMALL_RUN, "--preset", "none", "--frames", "40", "--save-images", "all", "--prefetch", "1")
+    calm = live(*flags, name="calm")
+    assert calm.wait() == 0, calm.stderr()
+    run = live(*flags, env={TEST_SLOW_ENV: "post:30"})
+    kill_in_turn(run, ("post-0",), images_between=0)
+    assert run.wait() == 0, run.stderr()
+    report = run.report()
+    assert frame_counts(report) == (40, 40, 0, 0) and report["frames"]["lost"] == 0
+    [restart] = report["restarts"]
+    assert restart["name"] == "post-0" and restart["frames_resent"] > 0, restart  # it held finished frames
+
+    def images(folder: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    written, reference = images(run.run_dir / "images"), images(calm.run_dir / "images")
+    assert len(reference) == 40 and written.keys() == reference.keys()
+    assert [name for name in written if written[name] != reference[name]] == []
+    run.assert_clean()
+
+
 def test_slots_held_by_killed_consumers_come_back_to_a_small_ring(live):
     """A ring of 5 slots (one worker per stage, --prefetch 1) and four deaths of the consumers
     holding its slots: had the slots of a dead consumer not come back, the ring would run dry and

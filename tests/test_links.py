@@ -169,3 +169,48 @@ def test_the_wait_for_the_last_acks_leaves_out_time_the_process_was_stopped(ctx,
         now[0] += 0.1
         gave_up.append(down.finish(LOG))
     assert gave_up[-1] and not gave_up[0]
+
+
+def test_a_frame_taken_returns_its_credit_at_once_and_stays_held_until_its_ack(ctx, made, tmp_path):
+    """The last stage holds finished frames for the collector's next batch: Taken gives the credit
+    back (once, however often it is said), the frame stays on the ledger to be sent again if the
+    consumer dies, and the later ack frees it without returning the credit twice."""
+    endpoint = f"ipc://{tmp_path}/p.ipc"
+    down = producer(ctx, made, endpoint, consumers=("c-0",))
+    up = consumer(ctx, made, endpoint, "c-0.0", credit=2)
+    wait_for(lambda: down.has_credit() and down.peers[b"c-0.0"].credit == 2, lambda: pump(down))
+    down.send({"id": 0})
+    down.send({"id": 1})
+    assert not down.has_credit()
+    first, second = (receive(up).header["id"] for _ in range(2))
+    up.taken(first)
+    up.taken(first)  # said twice: credit once
+    wait_for(down.has_credit, lambda: pump(down))
+    for _ in range(2):
+        pump(down)
+    peer = down.peers[b"c-0.0"]
+    assert peer.credit == 1 and down.held_by() == {"c-0.0": [0, 1]}
+    send_message(up.sockets[0], {"type": "taken", "ids": [second], "to": "p-0.7"}, token=TOKEN)
+    pump(down)
+    assert peer.credit == 1  # a Taken for another producer incarnation returns nothing
+    up.ack_all([(first, False), (second, True)])  # one message for both
+    released = []
+    wait_for(lambda: down.pending() == 0, lambda: released.extend(pump(down)))
+    assert peer.credit == 2 and released == [second] and not peer.credited  # first's credit came back once
+
+
+def test_frames_taken_by_a_consumer_that_dies_go_again(ctx, made, tmp_path):
+    endpoint = f"ipc://{tmp_path}/p.ipc"
+    down = producer(ctx, made, endpoint, consumers=("c-0",))
+    first = consumer(ctx, made, endpoint, "c-0.0", credit=1)
+    wait_for(down.has_credit, lambda: pump(down))
+    down.send({"id": 5})
+    first.taken(receive(first).header["id"])
+    wait_for(down.has_credit, lambda: pump(down))
+    down.send({"id": 6})  # the credit Taken gave back: c-0.0 now holds two frames on one credit
+    assert down.held_by() == {"c-0.0": [5, 6]}
+    first.close()  # it dies before its batch went
+    made.remove(first)
+    second = consumer(ctx, made, endpoint, "c-0.1", credit=2)
+    wait_for(lambda: b"c-0.1" in down.peers and down.has_credit(), lambda: pump(down))
+    assert down.send_queued() == 2 and [receive(second).header["id"] for _ in range(2)] == [5, 6]

@@ -128,3 +128,22 @@ def test_ipc_folders_of_runners_that_are_gone_are_removed(tmp_path):
     (stale / "collector").write_text("a socket file once")
     assert remove_stale_ipc_dirs(str(tmp_path)) == [stale.name]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])
+
+
+def test_a_slot_stamp_says_whether_it_is_still_lent_to_the_frame(ring, views):
+    """A frame sent again after its last reader gave the slot back must not read another frame's
+    pixels: the slot's stamp names the frame it is lent to."""
+    slot = ring.acquire(frame_id=11)
+    refs, _ = ring.store(slot, [np.ones((3, 4, 4), np.uint8)])
+    assert views.still_lent_to(refs[0], 11) and not views.still_lent_to(refs[0], 12)
+    assert ring.release(slot, frame_id=11)
+    assert not views.still_lent_to(refs[0], 11)  # given back
+    for other in range(3):  # the ring hands the slot to another frame
+        if ring.acquire(frame_id=20 + other) == slot:
+            break
+    assert not views.still_lent_to(refs[0], 11) and views.still_lent_to(refs[0], 20 + other)
+    assert views.still_lent_to({"inline": 0}, 11)  # nobody reuses a message's own bytes
+    for bad in ({**refs[0], "stamp": 3}, {**refs[0], "stamp": 1 << 30}, {k: v for k, v in refs[0].items() if k != "stamp"},
+                {**refs[0], "seg": "yolo-pipeline-999-x-pre-0-0"}):
+        with pytest.raises(SlotError):
+            views.still_lent_to(bad, 11)

@@ -6,7 +6,10 @@ it may send). The producer sends a frame only to a peer with credit and keeps th
 header and arrays: slot references, or small arrays) in that peer's in-flight ledger; the
 consumer acks the frame once it has passed it on, which returns the credit and clears the
 entry. Memory stays bounded by the credit, and a dead peer's frames are known by id and sent
-again to another peer (plain PUSH/PULL would lose them silently in its queues).
+again to another peer (plain PUSH/PULL would lose them silently in its queues). A consumer that
+passes frames on in batches (the last stage, whose results go to the collector a message per
+batch) says each frame is taken once it finished it: that returns the credit at once, so the
+batch does not starve it, while the frame stays on the producer's ledger until the batch's ack.
 
 Peers are known by identity ``name.incarnation`` (``post-1.0``); a restarted worker is a new
 incarnation, and a message from an older incarnation, or from a name that is not one of the
@@ -27,11 +30,11 @@ import zmq
 from topology.stages import process_names, source_role
 from wire.wiring import Wire
 from wire.loop_clock import LoopClock
-from wire.messages import ACK, CREDIT, END, FRAME, Ack, Credit, End, FrameOnLink, Release, validate
+from wire.messages import ACK, CREDIT, END, FRAME, TAKEN, Ack, Credit, End, FrameOnLink, Release, Taken, validate
 from wire.transport import FRAME_LIMITS, DropCounter, Message, ProtocolError, make_socket, recv_message, send_message
 
 DRAIN_TIMEOUT_S = 30.0  # after end-of-stream: how long to wait without any ack before giving up
-LINK_TYPES = frozenset({CREDIT, ACK})
+LINK_TYPES = frozenset({CREDIT, ACK, TAKEN})
 UPSTREAM_TYPES = frozenset({FRAME, END})
 
 
@@ -52,6 +55,7 @@ class Peer:
     incarnation: int
     credit: int = 0
     in_flight: dict[int, tuple[dict, list]] = field(default_factory=dict)  # id -> (header, arrays)
+    credited: set[int] = field(default_factory=set)  # frames in flight whose credit a Taken returned
     ended: bool = False  # end-of-stream sent to it
 
 
@@ -99,8 +103,14 @@ class Downstream:
             return []
         if header["to"] != self.identity:
             return []  # an ack for frames my predecessor sent
+        if header["type"] == TAKEN:
+            taken = {i for i in header["ids"] if i in peer.in_flight} - peer.credited
+            peer.credited |= taken
+            peer.credit += len(taken)
+            return []
         acked = [i for i in header["ids"] if peer.in_flight.pop(i, None) is not None]
-        peer.credit += len(acked)
+        peer.credit += sum(1 for i in acked if i not in peer.credited)
+        peer.credited.difference_update(acked)
         self._last_ack_s = self.clock.now()
         released = set(header.get("release") or ())
         return [i for i in acked if i in released]
@@ -291,14 +301,33 @@ class Upstream:
     def ack(self, frame_id: int, release: bool = False) -> None:
         """The frame has been passed on: free its producer's ledger entry, return the credit, and
         with ``release`` give its shared-memory slot back too (this stage was its last reader)."""
-        origin = self.origin.pop(frame_id, None)
-        if origin is None:
-            return
-        index, source = origin
-        header = Ack([frame_id], 1, source, [frame_id] if release else []).to_message()
+        self.ack_all([(frame_id, release)])
+
+    def ack_all(self, frames: Sequence[tuple[int, bool]]) -> None:
+        """:meth:`ack` for each (frame id, release), one message per producer."""
+        by_producer: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
+        for frame_id, release in frames:
+            origin = self.origin.pop(frame_id, None)
+            if origin is not None:
+                ids, released = by_producer.setdefault(origin, ([], []))
+                ids.append(frame_id)
+                if release:
+                    released.append(frame_id)
+        for (index, source), (ids, released) in by_producer.items():
+            self._to_producer(index, Ack(ids, len(ids), source, released).to_message())
+
+    def taken(self, frame_id: int) -> None:
+        """The frame is finished and held for a batched send: its credit goes back now, its ack
+        later (:class:`~wire.messages.Taken`)."""
+        origin = self.origin.get(frame_id)
+        if origin is not None:
+            index, source = origin
+            self._to_producer(index, Taken([frame_id], source).to_message())
+
+    def _to_producer(self, index: int, header: dict) -> None:
         try:
             send_message(self.sockets[index], header, token=self.token, flags=zmq.NOBLOCK)
-        except zmq.Again:  # that producer is gone and its queue is full: the ack has no reader
+        except zmq.Again:  # that producer is gone and its queue is full: the message has no reader
             pass
 
     def producer_gone(self, name: str, final: bool) -> None:

@@ -82,6 +82,17 @@ class Ack(Message):
 
 
 @dataclass(frozen=True)
+class Taken(Message):
+    """consumer -> producer incarnation ``to``: these frames are finished here and held for a
+    batched send (the last stage's results wait for the collector's next message): their credit
+    comes back now, and they stay on the producer's ledger, to be sent again if this consumer
+    dies, until their ack (which then returns no credit for them)."""
+    TYPE: ClassVar[str] = "taken"
+    ids: list
+    to: str
+
+
+@dataclass(frozen=True)
 class FrameOnLink(Message):
     """producer -> consumer: one frame, its header's fields beside these (wire.frame_header)."""
     TYPE: ClassVar[str] = "frame"
@@ -273,10 +284,10 @@ class PeerGone(Message):
 
 
 MESSAGES = (Credit, Ack, FrameOnLink, End, Release, Result, Done, Results, Failed, Stats, Beat, Progress, Finished,
-            Drain, Stop, PeerGone)
+            Drain, Stop, PeerGone, Taken)
 SCHEMAS: dict[str, dict[str, str]] = {kind.TYPE: schema_of(kind) for kind in MESSAGES}
 (CREDIT, ACK, FRAME, END, RELEASE, RESULT, DONE, RESULTS, FAILED, STATS, HEARTBEAT, PROGRESS, FINISHED, DRAIN, STOP,
- PEER_GONE) = (kind.TYPE for kind in MESSAGES)
+ PEER_GONE, TAKEN) = (kind.TYPE for kind in MESSAGES)
 
 
 def is_number(value: Any) -> bool:

@@ -6,6 +6,7 @@ hands them on without postprocess knowing it is there."""
 from __future__ import annotations
 
 import collections
+import time
 
 from process.stage_loop import Stage, StageProcess
 from topology.stages import consumers_of, next_role, role_of, sink_role
@@ -16,6 +17,9 @@ from wire.transport import send_message
 
 RESEND_WINDOW = 256  # frames kept after sending: those a collector that died had not written are among them
 RESULTS_BATCH = 64  # frames a Results message holds at most
+RESULTS_HOLD_S = 0.1  # the longest a finished frame waits for the collector's next message: each message
+# costs the collector about 0.2 CPU-ms (its wake-ups), a frame in one about 0.03 (bench_overhead.py)
+SLOT_HOLD_S = 0.01  # the same for a frame whose pixels go with it (a kept video frame): it holds a slot of a small ring
 
 
 class SentResults:
@@ -50,8 +54,9 @@ class SentResults:
 
 class Onward:
     """A finished frame goes on: the last stage gathers finished frames into one Results message
-    for the collector, sent once nothing more is waiting to be taken (or RESULTS_BATCH are in);
-    a stage with another after it queues each for the next pool's credit. Either acks a frame
+    for the collector, sent once RESULTS_BATCH are in or the oldest has waited RESULTS_HOLD_S
+    (each frame's credit goes back as it is finished, so the wait holds up nothing upstream); a
+    stage with another after it queues each for the next pool's credit. Either acks a frame
     upstream only once it is sent, so a frame is always held by someone who can send it again.
     ``release`` in an ack gives the frame's slot back through its sender (inference's acks to
     preprocess)."""
@@ -69,6 +74,7 @@ class Onward:
         self.outbox: collections.deque[tuple[dict, list, bool]] = collections.deque()
         self.pending: list[dict] = []  # Done items for the collector's next Results message
         self.pending_acks: list[tuple[int, bool]] = []
+        self.pending_due = 0.0  # perf_counter time when the pending batch must go
         self._bytes_to_collector = self.messages_out = 0
 
     @property
@@ -88,8 +94,11 @@ class Onward:
     def put(self, header: dict, arrays: list | tuple = (), release: bool = False) -> None:
         """A finished frame (a result): into the collector's next batch, or queued for the next stage."""
         if self.link is None:
+            due = time.perf_counter() + (SLOT_HOLD_S if "px" in header else RESULTS_HOLD_S)
+            self.pending_due = min(self.pending_due, due) if self.pending else due
             self.pending.append(done_item(header))
             self.pending_acks.append((header["id"], release))
+            self.frames_in.taken(header["id"])
             if len(self.pending) >= RESULTS_BATCH:
                 self.flush()
         else:
@@ -102,9 +111,13 @@ class Onward:
         message = Results(self.pending).to_message()
         self._bytes_to_collector += self.collector.send(message, frames=len(self.pending))
         self.messages_out += 1
-        for frame_id, release in self.pending_acks:
-            self.frames_in.ack(frame_id, release=release)
+        self.frames_in.ack_all(self.pending_acks)
         self.pending, self.pending_acks = [], []
+
+    def flush_due(self) -> None:
+        """The collector's batch goes if its oldest frame has waited long enough."""
+        if self.pending and time.perf_counter() >= self.pending_due:
+            self.flush()
 
     def failed(self, failure: dict, release: bool = False) -> None:
         """A FAILED message: always to the collector (no stage after this one can use the frame)."""
@@ -112,8 +125,9 @@ class Onward:
         self.frames_in.ack(failure["id"], release=release)
 
     def step(self) -> bool:
-        """Send what has credit; True if anything went."""
+        """Send what has credit (the collector's batch: what is due); True if anything went."""
         if self.link is None:
+            self.flush_due()
             return False
         sent = self.link.send_queued() > 0
         while self.outbox and self.link.has_credit():
@@ -135,8 +149,11 @@ class Onward:
         return bool(self.outbox)
 
     def poll_timeout_ms(self, otherwise: float) -> float:
-        """No wait while a batch for the collector is pending: it goes as soon as nothing more is waiting."""
-        return 0 if self.pending else otherwise
+        """While a batch for the collector is pending, no longer than until it is due."""
+        if not self.pending:
+            return otherwise
+        due_ms = 1e3 * (self.pending_due - time.perf_counter())
+        return max(0.0, min(otherwise, due_ms + 1))  # +1: wake just after it is due, not just before
 
     def finished(self) -> bool:
         """Everything queued went and was taken (the collector's batch goes at once)."""
@@ -202,4 +219,4 @@ class FrameStage(Stage):
         return self.onward.poll_timeout_ms(super().poll_timeout_ms())
 
     def idle(self) -> None:
-        self.onward.flush()
+        self.onward.flush_due()

@@ -140,6 +140,11 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
     saved = False
     t_draw = t_nms
     orig = h.px.get("orig")
+    # Sent again after a postprocess worker died holding its result: that worker wrote the image
+    # and crops, then gave the slot back (it may hold another frame's pixels by now).
+    written_before = orig is not None and h.release_by == ROLE and not views.still_lent_to(orig, h.id)
+    if written_before:
+        orig = None
     if first_pass and outputs.save_crop and len(dets):
         if on_device and h.px.get("crops"):  # cut and encoded by inference
             outputs.write_crops(h.name, _crop_files(h.px["crops"], views.array(h.px["crops"]["data"], arrays)),
@@ -162,14 +167,15 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
             t_draw = time.perf_counter()
             saved = outputs.save_image(annotated_name(h.name, h.cycle), image)
     t_end = time.perf_counter()
-    if measured and not h.cold:
+    if measured and not h.cold and not written_before:
         substages["nms"].add((t_nms - t_start) * 1e3)
         if saved:
             if not on_device:  # the device path's inference drew it
                 substages["draw"].add((t_draw - t_nms) * 1e3)
             substages["save"].add((t_end - t_draw) * 1e3)
     return Result(id=h.id, name=h.name, t={**h.t, "post_start": t_start, "post_end": t_end}, detections=records,
-                  workers={"pre": h.pre, "infer": h.infer}, batch=h.batch, image_saved=saved, cold=h.cold,
+                  workers={"pre": h.pre, "infer": h.infer}, batch=h.batch, cold=h.cold,
+                  image_saved=saved or (written_before and h.keep_image),
                   predictions=coco_results(records, names) if first_pass else [], image_error=outputs.error,
                   **to_collector).to_message()
 
