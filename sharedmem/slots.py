@@ -237,8 +237,9 @@ class SlotViews:
         if not isinstance(seg, str) or not seg.startswith(self.prefix) or not _NAME_PART.match(seg):
             raise SlotError(f"expected a segment of this run ({self.prefix}...), got {seg!r}")
         mapped = self._mapped(seg)
-        if not _is_size(stamp) or stamp % ALIGN_BYTES or stamp + 8 > len(mapped):
-            raise SlotError(f"expected a slot stamp's offset inside the segment, got {stamp!r}")
+        off = ref.get("off")
+        if not _is_size(stamp) or stamp % ALIGN_BYTES or stamp + 8 > len(mapped) or not (_is_size(off) and stamp < off):
+            raise SlotError(f"expected a slot stamp's offset inside the segment, before the array's, got {stamp!r}")
         return int(np.ndarray((), np.int64, buffer=mapped, offset=stamp)) == frame_id
 
     def _mapped(self, seg: str) -> mmap.mmap:

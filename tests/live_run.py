@@ -217,3 +217,9 @@ def start_run(tmp_path: Path, *flags: str, env: dict | None = None, name: str = 
                                 env={**os.environ, "TMPDIR": str(tmpdir), **(env or {})},
                                 start_new_session=True, preexec_fn=_default_sigint)
     return LiveRun(proc, results, tmpdir, out_path, err_path, name)
+
+
+def frame_counts(report: dict) -> tuple[int, int, int, int]:
+    """(in, processed, failed, cancelled) of a run's report."""
+    frames = report["frames"]
+    return frames["in"], frames["processed"], frames["failed"], frames["cancelled"]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import workers.onward as onward
-from workers.onward import RESULTS_BATCH, RESULTS_HOLD_S, SLOT_HOLD_S, Onward
+from workers.onward import RESULTS_BATCH, RESULTS_HOLD_BYTES, RESULTS_HOLD_S, SLOT_HOLD_S, Onward
 
 
 class FakeUpstream:
@@ -18,9 +18,11 @@ class FakeUpstream:
 
     def __init__(self):
         self.told: list[tuple] = []
+        self.sizes: dict[int, int] = {}  # bytes of each frame's message, where a test says
 
-    def taken(self, frame_id: int) -> None:
+    def taken(self, frame_id: int) -> int:
         self.told.append(("taken", frame_id))
+        return self.sizes.get(frame_id, 500)
 
     def ack_all(self, frames) -> None:
         self.told.append(("acks", [frame_id for frame_id, _ in frames]))
@@ -43,7 +45,8 @@ def stage(monkeypatch):
     process = SimpleNamespace(args=SimpleNamespace(name="post-0", wire=SimpleNamespace(token=b"t" * 16)),
                               log=logging.getLogger("test"), to_collector=None)
     frames_in = FakeUpstream()
-    return SimpleNamespace(onward=Onward(process, frames_in), told=frames_in.told, sent=sent, now=now)
+    return SimpleNamespace(onward=Onward(process, frames_in), told=frames_in.told, sent=sent, now=now,
+                           sizes=frames_in.sizes)
 
 
 def test_results_wait_for_their_batch_while_their_credit_goes_back_at_once(stage):
@@ -62,17 +65,40 @@ def test_results_wait_for_their_batch_while_their_credit_goes_back_at_once(stage
     assert out.poll_timeout_ms(1000.0) == 1000.0  # nothing pending
 
 
-def test_a_full_batch_goes_at_once_and_the_rest_when_the_stage_finishes(stage):
+def test_a_full_batch_goes_at_the_next_step_and_the_rest_when_the_stage_finishes(stage):
+    """A full batch goes from the loop's next step, not from put(): a send that fails there must
+    not fail the frame being put, whose result is already in the batch."""
     out = stage.onward
-    for frame_id in range(RESULTS_BATCH + 5):
+    for frame_id in range(RESULTS_BATCH - 1):
         out.put(result(frame_id))
-    assert len(stage.sent) == 1 and len(stage.sent[0]["items"]) == RESULTS_BATCH
+    out.step()
+    assert stage.sent == []
+    for frame_id in range(RESULTS_BATCH - 1, 2 * RESULTS_BATCH + 5):  # more than a batch between two steps
+        out.put(result(frame_id))
+    assert stage.sent == []
+    out.step()
+    assert [len(m["items"]) for m in stage.sent] == [RESULTS_BATCH, RESULTS_BATCH, 5]  # at most a batch a message
+    for frame_id in range(200, 203):
+        out.put(result(frame_id))
     out.flush_due()  # a lull does not send a batch before it is due
-    assert len(stage.sent) == 1
+    assert len(stage.sent) == 3
     assert out.finished()  # the end of the stream: what is left goes now
-    assert [len(m["items"]) for m in stage.sent] == [RESULTS_BATCH, 5]
+    assert [len(m["items"]) for m in stage.sent] == [RESULTS_BATCH, RESULTS_BATCH, 5, 3]
     acked = [i for kind, ids in stage.told if kind == "acks" for i in ids]
-    assert acked == list(range(RESULTS_BATCH + 5))
+    assert acked == [*range(2 * RESULTS_BATCH + 5), 200, 201, 202]
+
+
+def test_frames_whose_producers_keep_large_messages_go_sooner(stage):
+    """An original that travelled inline stays with its producer until the ack: the batch goes
+    once such frames add up to RESULTS_HOLD_BYTES, before it is full or due."""
+    stage.sizes.update({0: 1000, 1: RESULTS_HOLD_BYTES})
+    out = stage.onward
+    out.put(result(0))
+    out.step()
+    assert stage.sent == []
+    out.put(result(1))
+    out.step()
+    assert [[item["id"] for item in m["items"]] for m in stage.sent] == [[0, 1]]
 
 
 def test_a_failure_goes_to_the_collector_at_once(stage):

@@ -9,7 +9,9 @@ entry. Memory stays bounded by the credit, and a dead peer's frames are known by
 again to another peer (plain PUSH/PULL would lose them silently in its queues). A consumer that
 passes frames on in batches (the last stage, whose results go to the collector a message per
 batch) says each frame is taken once it finished it: that returns the credit at once, so the
-batch does not starve it, while the frame stays on the producer's ledger until the batch's ack.
+batch does not starve it, while the frame stays on the producer's ledger until the batch's ack;
+the producer's memory is then bounded by the credit plus what that consumer holds back, which
+it bounds in frames and bytes (workers/onward.py).
 
 Peers are known by identity ``name.incarnation`` (``post-1.0``); a restarted worker is a new
 incarnation, and a message from an older incarnation, or from a name that is not one of the
@@ -273,6 +275,7 @@ class Upstream:
         self.drops = drops
         self.credit_per_producer = credit_per_producer
         self.origin: dict[int, tuple[int, str]] = {}  # frame id -> (producer index, producer identity)
+        self.sizes: dict[int, int] = {}  # frame id -> bytes of its message (what its producer keeps until the ack)
         self.ended = [False] * len(self.sockets)
         self.bytes_received = 0
         self.frames_received = 0
@@ -294,6 +297,7 @@ class Upstream:
             self.ended[index] = True
             return None
         self.origin[msg.header["id"]] = (index, msg.header["src"])
+        self.sizes[msg.header["id"]] = msg.nbytes
         self.bytes_received += msg.nbytes
         self.frames_received += 1
         return msg
@@ -308,6 +312,7 @@ class Upstream:
         by_producer: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
         for frame_id, release in frames:
             origin = self.origin.pop(frame_id, None)
+            self.sizes.pop(frame_id, None)
             if origin is not None:
                 ids, released = by_producer.setdefault(origin, ([], []))
                 ids.append(frame_id)
@@ -316,13 +321,16 @@ class Upstream:
         for (index, source), (ids, released) in by_producer.items():
             self._to_producer(index, Ack(ids, len(ids), source, released).to_message())
 
-    def taken(self, frame_id: int) -> None:
+    def taken(self, frame_id: int) -> int:
         """The frame is finished and held for a batched send: its credit goes back now, its ack
-        later (:class:`~wire.messages.Taken`)."""
+        later (:class:`~wire.messages.Taken`). Returns the bytes its producer keeps meanwhile
+        beyond what the credit bounds (its message's: pixels that travelled inline count)."""
         origin = self.origin.get(frame_id)
-        if origin is not None:
-            index, source = origin
-            self._to_producer(index, Taken([frame_id], source).to_message())
+        if origin is None:
+            return 0
+        index, source = origin
+        self._to_producer(index, Taken([frame_id], source).to_message())
+        return self.sizes.get(frame_id, 0)
 
     def _to_producer(self, index: int, header: dict) -> None:
         try:

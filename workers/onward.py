@@ -20,6 +20,8 @@ RESULTS_BATCH = 64  # frames a Results message holds at most
 RESULTS_HOLD_S = 0.1  # the longest a finished frame waits for the collector's next message: each message
 # costs the collector about 0.2 CPU-ms (its wake-ups), a frame in one about 0.03 (bench_overhead.py)
 SLOT_HOLD_S = 0.01  # the same for a frame whose pixels go with it (a kept video frame): it holds a slot of a small ring
+RESULTS_HOLD_BYTES = 8 << 20  # the batch goes sooner once its frames' messages, which their producers keep until
+# the ack, add up to this (originals that travel inline, on tcp or without room in /dev/shm: ~6 MB at 1080p)
 
 
 class SentResults:
@@ -75,6 +77,7 @@ class Onward:
         self.pending: list[dict] = []  # Done items for the collector's next Results message
         self.pending_acks: list[tuple[int, bool]] = []
         self.pending_due = 0.0  # perf_counter time when the pending batch must go
+        self.pending_bytes = 0  # what the producers keep for the pending frames (their messages)
         self._bytes_to_collector = self.messages_out = 0
 
     @property
@@ -98,9 +101,8 @@ class Onward:
             self.pending_due = min(self.pending_due, due) if self.pending else due
             self.pending.append(done_item(header))
             self.pending_acks.append((header["id"], release))
-            self.frames_in.taken(header["id"])
-            if len(self.pending) >= RESULTS_BATCH:
-                self.flush()
+            self.pending_bytes += self.frames_in.taken(header["id"])
+            # the batch goes from step(), not here: a send that fails must not fail a frame already in it
         else:
             self.outbox.append((header, list(arrays), release))
 
@@ -108,15 +110,17 @@ class Onward:
         """The collector's batch goes now; its frames are acked upstream."""
         if not self.pending:
             return
-        message = Results(self.pending).to_message()
-        self._bytes_to_collector += self.collector.send(message, frames=len(self.pending))
-        self.messages_out += 1
+        for start in range(0, len(self.pending), RESULTS_BATCH):
+            items = self.pending[start:start + RESULTS_BATCH]
+            self._bytes_to_collector += self.collector.send(Results(items).to_message(), frames=len(items))
+            self.messages_out += 1
         self.frames_in.ack_all(self.pending_acks)
-        self.pending, self.pending_acks = [], []
+        self.pending, self.pending_acks, self.pending_bytes = [], [], 0
 
     def flush_due(self) -> None:
-        """The collector's batch goes if its oldest frame has waited long enough."""
-        if self.pending and time.perf_counter() >= self.pending_due:
+        """The collector's batch goes once it is full, holds RESULTS_HOLD_BYTES, or is due."""
+        if self.pending and (len(self.pending) >= RESULTS_BATCH or self.pending_bytes >= RESULTS_HOLD_BYTES
+                             or time.perf_counter() >= self.pending_due):
             self.flush()
 
     def failed(self, failure: dict, release: bool = False) -> None:

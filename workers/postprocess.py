@@ -140,32 +140,30 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
     saved = False
     t_draw = t_nms
     orig = h.px.get("orig")
-    # Sent again after a postprocess worker died holding its result: that worker wrote the image
-    # and crops, then gave the slot back (it may hold another frame's pixels by now).
-    written_before = orig is not None and h.release_by == ROLE and not views.still_lent_to(orig, h.id)
-    if written_before:
-        orig = None
-    if first_pass and outputs.save_crop and len(dets):
+    draws_here = h.keep_image and h.release_by != sink_role()  # the collector draws a kept video frame
+    crops_here = first_pass and outputs.save_crop and len(dets) > 0
+    original, written_before = None, False
+    if orig is not None and not on_device and (draws_here or crops_here):
+        original, written_before = _own_copy(h, orig, arrays, views)
+    if crops_here:
         if on_device and h.px.get("crops"):  # cut and encoded by inference
             outputs.write_crops(h.name, _crop_files(h.px["crops"], views.array(h.px["crops"]["data"], arrays)),
                                 dets, names)
-        elif not on_device and orig is not None:
-            outputs.save_crops(h.name, views.array(orig, arrays), dets, names)  # a reduced decode: its pixels
+        elif original is not None:
+            outputs.save_crops(h.name, original, dets, names)  # a reduced decode: its pixels
     to_collector = {}
-    if h.keep_image and orig is not None and h.release_by == sink_role():
+    if h.keep_image and orig is not None and not draws_here:
         to_collector = dict(video=h.video_message(), px={"orig": orig}, pre=h.pre, cycle=h.cycle,
                             draw=dets.tolist())  # the collector draws and writes video frames in order
     elif on_device:
         if h.px.get("image") is not None:
             saved = outputs.save_finished(annotated_name(h.name, h.cycle), views.array(h.px["image"], arrays))
-    else:
-        if h.keep_image and orig is not None:
-            image = np.array(views.array(orig, arrays))  # a copy: the slot stays as it was if we die
-            if image.ndim != 3 or image.shape[:2] != h.orig_shape:
-                raise SlotError(f"expected the original of shape {h.orig_shape}, got {image.shape}")
-            draw_detections(image, dets, names, inplace=True, **dataclasses.asdict(draw or DrawOptions()))
-            t_draw = time.perf_counter()
-            saved = outputs.save_image(annotated_name(h.name, h.cycle), image)
+    elif draws_here and original is not None:
+        if original.ndim != 3 or original.shape[:2] != h.orig_shape:
+            raise SlotError(f"expected the original of shape {h.orig_shape}, got {original.shape}")
+        draw_detections(original, dets, names, inplace=True, **dataclasses.asdict(draw or DrawOptions()))
+        t_draw = time.perf_counter()
+        saved = outputs.save_image(annotated_name(h.name, h.cycle), original)
     t_end = time.perf_counter()
     if measured and not h.cold and not written_before:
         substages["nms"].add((t_nms - t_start) * 1e3)
@@ -175,9 +173,21 @@ def postprocess(h: FrameHeader, arrays: list, views: SlotViews, opts, names, out
             substages["save"].add((t_end - t_draw) * 1e3)
     return Result(id=h.id, name=h.name, t={**h.t, "post_start": t_start, "post_end": t_end}, detections=records,
                   workers={"pre": h.pre, "infer": h.infer}, batch=h.batch, cold=h.cold,
-                  image_saved=saved or (written_before and h.keep_image),
+                  image_saved=saved or (written_before and draws_here),
                   predictions=coco_results(records, names) if first_pass else [], image_error=outputs.error,
                   **to_collector).to_message()
+
+
+def _own_copy(h: FrameHeader, orig: dict, arrays: list, views: SlotViews) -> tuple[np.ndarray | None, bool]:
+    """(a copy of the frame's original, False), or (None, True) when its slot is no longer lent to
+    it: the frame came again after a postprocess worker that had finished it (written its image
+    and crops) died before its results went on, and the slot may hold another frame's pixels by
+    now. The copy is made first and the stamp read after it, so a copy made while the slot was
+    being reused is never taken for the frame's (a stamp never comes back to a frame it left)."""
+    original = np.array(views.array(orig, arrays))  # a copy: the slot stays as it was if we die
+    if not views.still_lent_to(orig, h.id):
+        return None, True
+    return original, False
 
 
 def _crop_files(crops: dict, data: np.ndarray) -> list[np.ndarray | None]:
