@@ -274,8 +274,8 @@ class Upstream:
         self.token = wire.token
         self.drops = drops
         self.credit_per_producer = credit_per_producer
-        self.origin: dict[int, tuple[int, str]] = {}  # frame id -> (producer index, producer identity)
-        self.sizes: dict[int, int] = {}  # frame id -> bytes of its message (what its producer keeps until the ack)
+        # frame id -> (producer index, producer identity, bytes of its message: what the producer keeps until the ack)
+        self.origin: dict[int, tuple[int, str, int]] = {}
         self.ended = [False] * len(self.sockets)
         self.bytes_received = 0
         self.frames_received = 0
@@ -296,8 +296,7 @@ class Upstream:
         if msg.header["type"] == END:
             self.ended[index] = True
             return None
-        self.origin[msg.header["id"]] = (index, msg.header["src"])
-        self.sizes[msg.header["id"]] = msg.nbytes
+        self.origin[msg.header["id"]] = (index, msg.header["src"], msg.nbytes)
         self.bytes_received += msg.nbytes
         self.frames_received += 1
         return msg
@@ -312,9 +311,8 @@ class Upstream:
         by_producer: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
         for frame_id, release in frames:
             origin = self.origin.pop(frame_id, None)
-            self.sizes.pop(frame_id, None)
             if origin is not None:
-                ids, released = by_producer.setdefault(origin, ([], []))
+                ids, released = by_producer.setdefault(origin[:2], ([], []))
                 ids.append(frame_id)
                 if release:
                     released.append(frame_id)
@@ -328,9 +326,9 @@ class Upstream:
         origin = self.origin.get(frame_id)
         if origin is None:
             return 0
-        index, source = origin
+        index, source, nbytes = origin
         self._to_producer(index, Taken([frame_id], source).to_message())
-        return self.sizes.get(frame_id, 0)
+        return nbytes
 
     def _to_producer(self, index: int, header: dict) -> None:
         try:
