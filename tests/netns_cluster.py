@@ -45,10 +45,18 @@ FAST_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms
               "RAY_health_check_failure_threshold": "3"}  # a killed node is dead in seconds, not a minute
 
 # In the node's new mount, UTS and PID namespaces: its own /tmp, /dev/shm and name; then Ray,
-# under a shell that stays PID 1 there and reaps what is orphaned.
+# under a shell that stays PID 1 there and reaps what is orphaned. The folders named before "--"
+# (the checkout and the venv, where they lie under /tmp: a fresh clone in `mktemp -d`) are bound
+# into the node's /tmp at their own paths first, or its /tmp would hide them.
 NODE_SCRIPT = """
-mount --bind "$1" /tmp && mount -t tmpfs -o size=1g yp-shm /dev/shm && hostname "$2" || exit 97
+root=$1 name=$2
 shift 2
+while [ "$1" != "--" ]; do
+    mkdir -p "$root${1#/tmp}" && mount --bind "$1" "$root${1#/tmp}" || exit 97
+    shift
+done
+shift
+mount --rbind "$root" /tmp && mount -t tmpfs -o size=1g yp-shm /dev/shm && hostname "$name" || exit 97
 "$@" &
 wait
 """
@@ -76,6 +84,13 @@ def why_not() -> str | None:
     if private.returncode != 0:
         return f"`unshare --pid --mount --uts` failed: {private.stderr.strip()}"
     return None
+
+
+def folders_under_tmp() -> list[str]:
+    """The checkout and the Python environment the nodes run from, where they lie under /tmp."""
+    repo = Path(__file__).resolve().parent.parent
+    folders = {Path(p).resolve() for p in (repo, sys.prefix, sys.base_prefix)}
+    return sorted(str(f) for f in folders if f.is_relative_to("/tmp") and f != Path("/tmp"))
 
 
 def ray_command() -> Path:
@@ -147,7 +162,8 @@ class NetnsCluster:
                 ["setpriv", "--pdeathsig", "KILL",  # the node goes if the test's process is killed
                  "ip", "netns", "exec", namespace,
                  "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--uts",
-                 "sh", "-c", NODE_SCRIPT, "node", str(root), f"yp-node-{index}", *ray_start],
+                 "sh", "-c", NODE_SCRIPT, "node", str(root), f"yp-node-{index}", *folders_under_tmp(), "--",
+                 *ray_start],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**_node_env(), **FAST_DEATH, **env})
         node = Node(index, ip, root, proc, log)
