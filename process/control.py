@@ -16,7 +16,8 @@ from wire.messages import DRAIN, PEER_GONE, STOP, Beat, validate
 from wire.transport import DropCounter, ProtocolError, make_socket, recv_message, send_message
 from wire.wiring import StageArgs
 
-HEARTBEAT_INTERVAL_S = 0.5
+HEARTBEAT_INTERVAL_S = 1.0  # at most; a third of the heartbeat timeout where that is shorter (each beat costs
+# the runner about 0.1 CPU-ms, and a run's processes beat together)
 CONTROL_TYPES = frozenset({DRAIN, STOP, PEER_GONE})
 
 
@@ -90,8 +91,13 @@ class Control:
         self.socket.close()
 
 
+def heartbeat_interval_s(timeout_s: float) -> float:
+    """How often a process beats: three beats within the timeout, so one late beat is no silence."""
+    return min(HEARTBEAT_INTERVAL_S, timeout_s / 3)
+
+
 class Heartbeat:
-    """Beats from a thread every HEARTBEAT_INTERVAL_S, so the runner can tell a live process from
+    """Beats from a thread every ``heartbeat_interval_s``, so the runner can tell a live process from
     a stopped or frozen one (a stopped process beats no more); each beat says how long ago the
     main loop last ran (a stuck loop), how far a preprocess worker got in its share (where a
     restart resumes), and any SIGTERM received."""
@@ -100,6 +106,7 @@ class Heartbeat:
         self.last_tick = time.perf_counter()
         self.position = args.start_position
         self._ctx, self._args, self._signals = ctx, args, signals
+        self.interval_s = heartbeat_interval_s(args.config.heartbeat_timeout_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._thread.start()
@@ -119,7 +126,7 @@ class Heartbeat:
                     send_message(socket, beat, token=args.wire.token, flags=zmq.NOBLOCK)
                 except zmq.Again:  # the runner is not reading (it may be gone): beats are not queued
                     pass
-                if self._stop.wait(HEARTBEAT_INTERVAL_S):
+                if self._stop.wait(self.interval_s):
                     break
         finally:
             socket.close()

@@ -170,13 +170,21 @@ class ResourceSampler:
             entry = self.series.setdefault(process.pid, {"pid": process.pid, "samples": [], "pss_reads": 0})
             if not label.startswith("pid-") and label != "forkserver" or "label" not in entry:
                 entry["label"] = label  # a stage's title replaces what its process was called at birth
-            if not label.startswith("pid-") and label not in ("forkserver", "resource-tracker"):
+            if self._named_for_good(process, label):
                 self.labels[process.pid] = label
             if not memory.rss:  # an exited process not yet reaped: its memory reads 0, which is no sample
                 memory = None
             pss = getattr(memory, "pss", None)
             entry["pss_reads"] += pss is not None
             entry["samples"].append([time.perf_counter(), cpu.user + cpu.system, memory and memory.rss, pss])
+
+    def _named_for_good(self, process: psutil.Process, label: str) -> bool:
+        """Whether ``label`` will stay this process's name, so that its later samples need only
+        /proc/<pid>/stat: a stage's title does; "forkserver" only for the fork server itself (the
+        runner's child: a worker reads so until it takes its title)."""
+        if label.startswith("pid-"):
+            return False
+        return label != "forkserver" or process.ppid() == self.runner_pid
 
     def add_exit_usage(self, name: str, pid: int, usage: dict) -> None:
         """A worker's own last sample (:func:`process.lifecycle.own_usage`), under the name its

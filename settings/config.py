@@ -156,8 +156,8 @@ class RunConfig:
         _check(self.module_timing in MODULE_TIMING, "module_timing", f"one of {MODULE_TIMING}", self.module_timing)
         _check(self.timing_mode in TIMING_MODES, "timing_mode", f"one of {TIMING_MODES}", self.timing_mode)
         _check(self.max_restarts >= 0, "max_restarts", ">= 0", self.max_restarts)
-        _check(self.heartbeat_timeout_s >= 1.0, "heartbeat_timeout_s", ">= 1 (heartbeats come every 0.5 s)",
-               self.heartbeat_timeout_s)
+        _check(self.heartbeat_timeout_s >= 1.0, "heartbeat_timeout_s",
+               ">= 1 (a process beats three times within it, at most once a second)", self.heartbeat_timeout_s)
         _check(self.trace_max_frames >= 0, "trace_max_frames", ">= 0 (0 = all)", self.trace_max_frames)
         _check(self.trace_module_forwards >= 0, "trace_module_forwards", ">= 0", self.trace_module_forwards)
         _check(self.log_level in LOG_LEVELS, "log_level", f"one of {LOG_LEVELS}", self.log_level)

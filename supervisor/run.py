@@ -239,7 +239,9 @@ def _watch(watch: Watch, progress_in, health_in, token: bytes, console: Console)
         if progress_in in events:
             _read_all(progress_in, token, {PROGRESS, FINISHED}, drops, "progress", lambda h: _on_progress(watch, h))
         now = time.perf_counter()
-        if now < next_look_s and watch.finished is None and watch.interrupts.count == watch.seen_interrupts:
+        look_soon = next_look_s - now < WATCH_INTERVAL_S / 2  # awake anyway: look now, not wake again for it
+        if now < next_look_s and not look_soon and watch.finished is None \
+                and watch.interrupts.count == watch.seen_interrupts:
             continue  # only progress: the rest waits for its turn
         next_look_s = now + WATCH_INTERVAL_S
         _read_all(health_in, token, {HEARTBEAT}, drops, "health", lambda h: _on_beat(watch, h))

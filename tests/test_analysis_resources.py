@@ -4,6 +4,7 @@ peak and mean memory, and the peak of the summed PSS; the sampler on a process t
 import os
 import subprocess
 import sys
+import time
 import psutil
 import pytest
 
@@ -203,3 +204,28 @@ def test_a_sample_after_the_first_reads_cpu_and_rss_of_a_titled_process():
     samples = sampler.series[os.getpid()]["samples"]
     assert sampler.labels[os.getpid()] == "runner" and len(samples) == 2
     assert samples[1][1] >= samples[0][1] and samples[1][2] > 0 and samples[1][3] is None
+
+
+def test_the_fork_server_keeps_its_name_and_a_child_not_yet_titled_does_not():
+    """The fork server (the runner's child) is named once, its later samples one read of
+    /proc/<pid>/stat; a process it forked reads "forkserver" too until it takes its title, so
+    its name is read again on each sample."""
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # forkserver']); time.sleep(60)"
+            "  # forkserver")
+    server = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(server.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        forked = psutil.Process(server.pid).children()[0].pid
+        sampler = ResourceSampler(runner_pid=os.getpid())
+        sampler.sample()
+        assert sampler.labels.get(server.pid) == "forkserver"
+        assert forked not in sampler.labels and sampler.series[forked]["label"] == "forkserver"
+        sampler.sample()
+        assert sampler.series[server.pid]["samples"][1][3] is None and len(sampler.series[forked]["samples"]) == 2
+    finally:
+        for process in psutil.Process(server.pid).children() + [psutil.Process(server.pid)]:
+            process.kill()
+        server.wait()

@@ -17,8 +17,9 @@ from wire.transport import send_message
 
 RESEND_WINDOW = 256  # frames kept after sending: those a collector that died had not written are among them
 RESULTS_BATCH = 64  # frames a Results message holds at most
-RESULTS_HOLD_S = 0.1  # the longest a finished frame waits for the collector's next message: each message
-# costs the collector about 0.2 CPU-ms (its wake-ups), a frame in one about 0.03 (bench_overhead.py)
+RESULTS_HOLD_S = 0.25  # the longest a finished frame waits for the collector's next message: each message
+# costs the collector about 0.2 CPU-ms (its wake-ups), a frame in one about 0.03 (bench_overhead.py); the
+# collector writes records this often too, and the latency figures are stamped before the hold
 SLOT_HOLD_S = 0.01  # the same for a frame whose pixels go with it (a kept video frame): it holds a slot of a small ring
 RESULTS_HOLD_BYTES = 8 << 20  # the batch goes sooner once its frames' messages, which their producers keep until
 # the ack, add up to this (originals that travel inline, on tcp or without room in /dev/shm: ~6 MB at 1080p)
