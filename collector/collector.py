@@ -210,7 +210,7 @@ class Collector(Stage):
         self.progress_out.connect(args.endpoints["progress"])
         self.collected = process.own(Collected(args, list(args.workers), process.ctx, process.log, process.drops,
                                                args.resume))
-        self.sampler = ResourceSampler(args.runner_pid)
+        self.sampler = process.own(ResourceSampler(args.runner_pid))
         self.last_progress = self.last_sample = 0.0
         self.progress_sent: tuple[int, int] | None = None  # (processed, failed) the runner was last told
         self.stop_deadline: float | None = None

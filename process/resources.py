@@ -46,13 +46,21 @@ def descendants(pid: int) -> list[int] | None:
             continue
         for tid in tids:
             try:
-                with open(f"/proc/{parent}/task/{tid}/children", "rb") as children:
-                    kids = [int(k) for k in children.read().split()]
+                kids = [int(k) for k in _read_proc_file(f"/proc/{parent}/task/{tid}/children").split()]
             except (OSError, ValueError):  # that thread ended meanwhile
                 continue
             found += kids
             todo += kids
     return found
+
+
+def _read_proc_file(path: str) -> bytes:
+    """A small /proc file in three system calls (Python's open() adds a stat and two seeks)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -68,6 +76,41 @@ def proc_stat(pid: int) -> tuple[float, int] | None:
             return parse_stat(stat_file.read())
     except (OSError, ValueError, IndexError):
         return None
+
+
+class StatFiles:
+    """/proc/<pid>/stat of each sampled process, kept open and read again at offset 0 (the
+    kernel writes it anew on each read): one system call a sample, where opening it took five
+    (open, fstat, two seeks, close). A file opened for a process that has exited reads as an
+    error, never as a later process with the same pid."""
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}
+
+    def read(self, pid: int) -> tuple[float, int] | None:
+        """What :func:`proc_stat` returns, from the kept file."""
+        try:
+            fd = self.fds.get(pid)
+            if fd is None:
+                fd = self.fds[pid] = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+            return parse_stat(os.pread(fd, 4096, 0))
+        except OSError:
+            self._close(pid)
+            return None
+        except (ValueError, IndexError):
+            return None
+
+    def keep_only(self, pids: set[int]) -> None:
+        for pid in [p for p in self.fds if p not in pids]:
+            self._close(pid)
+
+    def close(self) -> None:
+        self.keep_only(set())
+
+    def _close(self, pid: int) -> None:
+        fd = self.fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
 
 
 def parse_stat(stat: bytes) -> tuple[float, int]:
@@ -93,10 +136,10 @@ class ResourceSampler:
     process's whole address space (about 6 ms for a process that maps torch: 65 CPU-ms for a
     run's ten processes, measured), so a round of PSS reads comes at most every PSS_EVERY
     samples and no sooner than its own cost allows within PSS_BUDGET of one core; the others
-    hold None. CPU and RSS are cheap and read every time; the process list is read again every
-    LIST_EVERY samples, from the kernel's lists of each process's children (psutil's scan of
-    every process of the machine where the kernel has none). A process's name is read until it
-    has its title, then kept."""
+    hold None. CPU and RSS are cheap (one read of a kept /proc/<pid>/stat) and read every
+    time; the process list is read again every LIST_EVERY samples, from the kernel's lists of
+    each process's children (psutil's scan of every process of the machine where the kernel has
+    none). A process's name is read until it has its title, then kept."""
 
     PSS_EVERY = 4
     PSS_BUDGET = 0.002  # of one core: what the collector spends on PSS reads at most (2 CPU-ms a second)
@@ -112,6 +155,7 @@ class ResourceSampler:
         self.processes: list[psutil.Process] = []
         self.labels: dict[int, str] = {}  # pid -> its stage name, once it has one (a title does not change back)
         self.next_pss_s = 0.0  # perf_counter time before which no round of PSS reads starts
+        self.stat_files = StatFiles()
 
     def sample(self, final: bool = False) -> None:
         self.ticks += 1
@@ -125,6 +169,7 @@ class ResourceSampler:
                 self.processes = self._list()
             except psutil.Error:
                 return
+            self.stat_files.keep_only({process.pid for process in self.processes})
         cpu_before = time.process_time()
         self._read(with_pss)
         if with_pss:
@@ -134,6 +179,9 @@ class ResourceSampler:
                 entry["samples"] = entry["samples"][::2]
             self.machine_cpu = self.machine_cpu[::2]
             self.every *= 2
+
+    def close(self) -> None:
+        self.stat_files.close()
 
     def _list(self) -> list[psutil.Process]:
         """The runner and every process below it; a process seen before keeps its object."""
@@ -156,7 +204,7 @@ class ResourceSampler:
             known = self.series.get(process.pid)
             read_pss = with_pss or known is None or known["pss_reads"] < self.FIRST_PSS_READS
             if not read_pss and process.pid in self.labels:  # the usual sample: one read of /proc/<pid>/stat
-                usage = proc_stat(process.pid)
+                usage = self.stat_files.read(process.pid)
                 if usage is not None:
                     known["samples"].append([time.perf_counter(), usage[0], usage[1] or None, None])
                 continue

@@ -229,3 +229,25 @@ def test_the_fork_server_keeps_its_name_and_a_child_not_yet_titled_does_not():
         for process in psutil.Process(server.pid).children() + [psutil.Process(server.pid)]:
             process.kill()
         server.wait()
+
+
+def test_a_kept_stat_file_reads_what_a_fresh_one_reads_and_an_exited_process_reads_none():
+    """StatFiles reads /proc/<pid>/stat again through one open file: the CPU it reads grows as
+    the process runs, and once the process has exited (and is reaped) it reads None, not the
+    figures of whatever takes its pid later; the file is closed then."""
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.3\n"
+                              "while time.process_time() < end: pass\nprint('idle', flush=True)\ntime.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    files = resources.StatFiles()
+    try:
+        first = files.read(child.pid)
+        assert child.stdout.readline() == "idle\n"  # its CPU clock stands still from here
+        second, fresh = files.read(child.pid), resources.proc_stat(child.pid)
+        assert first is not None and second is not None and second[0] >= first[0] and second[1] > 0
+        assert second[0] == fresh[0] and abs(second[1] - fresh[1]) < 16 * MIB
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    assert files.read(child.pid) is None and child.pid not in files.fds
+    files.close()
