@@ -67,28 +67,19 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def proc_stat(pid: int) -> tuple[float, int] | None:
-    """(CPU seconds, user + system; resident bytes) of ``pid`` from one read of /proc/<pid>/stat
-    (what psutil's cpu_times and memory_info read from two files, at several times the cost);
-    None when it is gone or the file is not there. Resident bytes read 0 for a process exiting."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            return parse_stat(stat_file.read())
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 class StatFiles:
     """/proc/<pid>/stat of each sampled process, kept open and read again at offset 0 (the
     kernel writes it anew on each read): one system call a sample, where opening it took five
-    (open, fstat, two seeks, close). A file opened for a process that has exited reads as an
-    error, never as a later process with the same pid."""
+    (open, fstat, two seeks, close). A kept file of a process that has exited reads as an
+    error (and is closed), never as a later process with the same pid."""
 
     def __init__(self) -> None:
         self.fds: dict[int, int] = {}
 
     def read(self, pid: int) -> tuple[float, int] | None:
-        """What :func:`proc_stat` returns, from the kept file."""
+        """(CPU seconds, user + system; resident bytes) of ``pid`` (what psutil's cpu_times and
+        memory_info read from two files, at several times the cost); None when it is gone or the
+        file is not there. Resident bytes read 0 for a process exiting."""
         try:
             fd = self.fds.get(pid)
             if fd is None:
@@ -211,6 +202,7 @@ class ResourceSampler:
             try:
                 with process.oneshot():
                     label = self.labels.get(process.pid) or process_label(process, self.runner_pid)
+                    for_good = self._named_for_good(process, label)
                     cpu = process.cpu_times()
                     memory = process.memory_full_info() if read_pss else process.memory_info()
             except psutil.Error:  # it exited between listing and reading
@@ -218,7 +210,7 @@ class ResourceSampler:
             entry = self.series.setdefault(process.pid, {"pid": process.pid, "samples": [], "pss_reads": 0})
             if not label.startswith("pid-") and label != "forkserver" or "label" not in entry:
                 entry["label"] = label  # a stage's title replaces what its process was called at birth
-            if self._named_for_good(process, label):
+            if for_good:
                 self.labels[process.pid] = label
             if not memory.rss:  # an exited process not yet reaped: its memory reads 0, which is no sample
                 memory = None

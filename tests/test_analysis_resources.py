@@ -95,7 +95,10 @@ def test_other_jobs_load_leaves_fewer_cores_to_the_run():
 def test_a_process_whose_memory_reads_zero_gives_no_memory_sample(monkeypatch):
     """A process in the middle of exiting has given back its memory, and /proc reads 0 for it
     while its title can still be read: recorded as unknown, never as a 0 MiB peak."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", "import setproctitle, time\n"  # titled: its usual sample
+                              "setproctitle.setproctitle('yolo-pipeline pre-9')\nprint('titled', flush=True)\n"
+                              "time.sleep(60)"], stdout=subprocess.PIPE, text=True)  # reads /proc/<pid>/stat only
+    assert child.stdout.readline() == "titled\n"
     real_info, real_full = psutil.Process.memory_info, psutil.Process.memory_full_info
 
     def exiting(real):
@@ -108,13 +111,14 @@ def test_a_process_whose_memory_reads_zero_gives_no_memory_sample(monkeypatch):
 
     monkeypatch.setattr(psutil.Process, "memory_info", exiting(real_info))
     monkeypatch.setattr(psutil.Process, "memory_full_info", exiting(real_full))
-    real_stat = resources.proc_stat
-    monkeypatch.setattr(resources, "proc_stat",  # the usual sample's one read of /proc/<pid>/stat
-                        lambda pid: (real_stat(pid)[0], 0) if pid == child.pid else real_stat(pid))
+    real_read = resources.StatFiles.read
+    monkeypatch.setattr(resources.StatFiles, "read",  # the usual sample's one read of /proc/<pid>/stat
+                        lambda self, pid: (real_read(self, pid)[0], 0) if pid == child.pid else real_read(self, pid))
     try:
         sampler = ResourceSampler(runner_pid=os.getpid())
         sampler.sample(final=True)
         sampler.sample()
+        assert sampler.labels[child.pid] == "pre-9", "the second sample was the usual one"
         samples = sampler.series[child.pid]["samples"]
         assert len(samples) == 2 and all(s[2] is None and s[3] is None for s in samples), samples
         assert samples[0][1] is not None, "its CPU time is still a sample"
@@ -124,6 +128,7 @@ def test_a_process_whose_memory_reads_zero_gives_no_memory_sample(monkeypatch):
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()
 
 
 def test_a_new_process_gets_its_pss_read_on_its_first_samples():
@@ -174,18 +179,19 @@ def test_own_usage_reports_the_peak_of_memory_already_freed():
     assert rss < after - 250 * MIB and 0 < pss <= rss, (rss, pss, after)
 
 
-def test_proc_stat_reads_what_psutil_reads():
+def test_a_stat_read_gives_what_psutil_reads():
     """The usual sample's one read of /proc/<pid>/stat gives the CPU and RSS psutil gives."""
-    me = psutil.Process()
-    cpu_s, rss = resources.proc_stat(os.getpid())
+    me, files = psutil.Process(), resources.StatFiles()
+    cpu_s, rss = files.read(os.getpid())
     times, memory = me.cpu_times(), me.memory_info()
     assert abs(cpu_s - (times.user + times.system)) < 0.05
     assert abs(rss - memory.rss) < 16 * MIB
-    assert resources.proc_stat(2**22 + 1) is None, "no such process"
+    assert files.read(2**22 + 1) is None, "no such process"
+    files.close()
 
 
 def test_proc_stat_sums_cpu_as_psutil_does_to_the_last_bit():
-    """A sample read by psutil and the next by proc_stat must not differ by a rounding: the
+    """A sample read by psutil and the next from /proc/<pid>/stat must not differ by a rounding: the
     report takes any drop of a process's CPU for a restart. 1 + 5 ticks: (1 + 5) / 100 is 0.06,
     1 / 100 + 5 / 100 (psutil's user + system) is 0.060000000000000005."""
     ticks = resources._CLOCK_TICKS
@@ -242,7 +248,9 @@ def test_a_kept_stat_file_reads_what_a_fresh_one_reads_and_an_exited_process_rea
     try:
         first = files.read(child.pid)
         assert child.stdout.readline() == "idle\n"  # its CPU clock stands still from here
-        second, fresh = files.read(child.pid), resources.proc_stat(child.pid)
+        fresh_files = resources.StatFiles()
+        second, fresh = files.read(child.pid), fresh_files.read(child.pid)
+        fresh_files.close()
         assert first is not None and second is not None and second[0] >= first[0] and second[1] > 0
         assert second[0] == fresh[0] and abs(second[1] - fresh[1]) < 16 * MIB
     finally:
@@ -251,3 +259,23 @@ def test_a_kept_stat_file_reads_what_a_fresh_one_reads_and_an_exited_process_rea
         child.stdout.close()
     assert files.read(child.pid) is None and child.pid not in files.fds
     files.close()
+
+
+def test_a_process_that_exits_while_its_name_is_judged_is_left_out_of_that_sample(monkeypatch):
+    """Whether "forkserver" is the fork server itself is read from the process (its parent): a
+    forked child that exits and is reaped just then is skipped, not a crash of the collector."""
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # forkserver"])
+
+    def gone(self):
+        raise psutil.NoSuchProcess(self.pid)
+
+    gone.__dict__.update(psutil.Process.ppid.__dict__)  # psutil's oneshot() caches through attributes of the method
+    monkeypatch.setattr(psutil.Process, "ppid", gone)
+    try:
+        sampler = ResourceSampler(runner_pid=os.getpid())
+        sampler.sample()
+        assert server.pid not in sampler.series and server.pid not in sampler.labels
+        assert sampler.series[os.getpid()]["samples"], "the others are sampled as usual"
+    finally:
+        server.kill()
+        server.wait()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-GAP_S = 0.5  # a loop that turns every 0.25 s or more often and has not turned for this long was not running; under the
+GAP_S = 0.5  # a loop that turns every 0.375 s or more often and has not turned for this long was not running; under the
 # smallest heartbeat timeout (1 s), so a pause alone never makes a process overdue
 
 
