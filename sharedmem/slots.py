@@ -213,8 +213,7 @@ class SlotViews:
                 raise SlotError(f"expected an inline index in [0, {len(inline)}), got {k!r}")
             return inline[k]
         seg, off, dtype, shape = ref.get("seg"), ref.get("off"), ref.get("dtype"), ref.get("shape")
-        if not isinstance(seg, str) or not seg.startswith(self.prefix) or not _NAME_PART.match(seg):
-            raise SlotError(f"expected a segment of this run ({self.prefix}...), got {seg!r}")
+        self._check_segment(seg)
         dtype = plain_dtype(dtype, "biuf")
         if dtype is None:
             raise SlotError(f"expected a numeric dtype in slot reference, got {ref.get('dtype')!r}")
@@ -233,14 +232,16 @@ class SlotViews:
         and may hold another frame's pixels by now."""
         if not isinstance(ref, dict) or "inline" in ref:
             return True
-        seg, stamp = ref.get("seg"), ref.get("stamp")
-        if not isinstance(seg, str) or not seg.startswith(self.prefix) or not _NAME_PART.match(seg):
-            raise SlotError(f"expected a segment of this run ({self.prefix}...), got {seg!r}")
+        seg, stamp, off = ref.get("seg"), ref.get("stamp"), ref.get("off")
+        self._check_segment(seg)
         mapped = self._mapped(seg)
-        off = ref.get("off")
         if not _is_size(stamp) or stamp % ALIGN_BYTES or stamp + 8 > len(mapped) or not (_is_size(off) and stamp < off):
             raise SlotError(f"expected a slot stamp's offset inside the segment, before the array's, got {stamp!r}")
         return int(np.ndarray((), np.int64, buffer=mapped, offset=stamp)) == frame_id
+
+    def _check_segment(self, seg) -> None:
+        if not isinstance(seg, str) or not seg.startswith(self.prefix) or not _NAME_PART.match(seg):
+            raise SlotError(f"expected a segment of this run ({self.prefix}...), got {seg!r}")
 
     def _mapped(self, seg: str) -> mmap.mmap:
         mapped = self._maps.get(seg)

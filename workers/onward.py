@@ -59,8 +59,8 @@ class Onward:
     """A finished frame goes on: the last stage gathers finished frames into one Results message
     for the collector, sent once RESULTS_BATCH are in, the oldest has waited RESULTS_HOLD_S, or
     what their producers keep for them reaches RESULTS_HOLD_BYTES (each frame's credit goes back
-    as it is finished, so the wait holds up nothing upstream); a
-    stage with another after it queues each for the next pool's credit. Either acks a frame
+    as it is finished, so the wait holds up nothing upstream); a stage with another after it
+    queues each for the next pool's credit. Either acks a frame
     upstream only once it is sent, so a frame is always held by someone who can send it again.
     ``release`` in an ack gives the frame's slot back through its sender (inference's acks to
     preprocess)."""
